@@ -1,0 +1,80 @@
+"""specscope's stat-logger record() against vLLM's own PrometheusStatLogger.record(), on the same stats.
+
+The stats are vLLM's own classes filled as an 8-request speculative batch fills them (K=4; one request
+finishing every 8 steps). Both loggers are built from a real VllmConfig of the tiny models. Ratio < 1 means
+specscope costs less per engine step than the Prometheus logger vLLM runs by default in `vllm serve`.
+Run: python benchmarks/bench_record.py
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+from benchmarks._common import per_call_ns, write
+
+
+def main() -> None:
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.engine import FinishReason
+    from vllm.v1.metrics.loggers import PrometheusStatLogger
+    from vllm.v1.metrics.stats import FinishedRequestStats, IterationStats, SchedulerStats
+    from vllm.v1.spec_decode.metrics import SpecDecodingStats
+
+    from specscope import Hub, tiny_models
+    from specscope.collectors.vllm_logger import SpecscopeStatLogger
+
+    models = tiny_models.build()
+    config = EngineArgs(
+        model=str(models["target"]), enforce_eager=True, dtype="float32", max_model_len=512,
+        speculative_config={"method": "draft_model", "model": str(models["noise2"]), "num_speculative_tokens": 4},
+    ).create_engine_config()
+    config.cache_config.num_gpu_blocks = 1024
+
+    steps = []
+    for i in range(64):
+        sds = SpecDecodingStats.new(4)
+        for r in range(8):
+            sds.observe_draft(4, (i + r) % 5)
+        sched = SchedulerStats(num_running_reqs=8, num_waiting_reqs=0, kv_cache_usage=0.3,
+                               spec_decoding_stats=sds)
+        it = IterationStats()
+        it.num_generation_tokens = 8 * 3
+        it.inter_token_latencies_iter = [0.01] * 8
+        if i % 8 == 0:
+            it.finished_requests.append(FinishedRequestStats(
+                finish_reason=FinishReason.LENGTH, request_id=f"r{i}", e2e_latency=1.0, num_prompt_tokens=50,
+                num_generation_tokens=128, queued_time=0.01, prefill_time=0.05, inference_time=0.9,
+                decode_time=0.85, mean_time_per_output_token=0.007))
+        steps.append((sched, it))
+
+    prom = PrometheusStatLogger(config, [0])
+    ours = SpecscopeStatLogger.bound_to(Hub())(config, [0])
+
+    def feeder(logger: object) -> object:
+        state = {"i": 0}
+
+        def call() -> None:
+            sched, it = steps[state["i"] % len(steps)]
+            state["i"] += 1
+            logger.record(scheduler_stats=sched, iteration_stats=it, mm_cache_stats=None, engine_idx=0)  # type: ignore[attr-defined]
+
+        return call
+
+    calls = 5000
+    ns_prom = per_call_ns(feeder(prom), calls)
+    ns_ours = per_call_ns(feeder(ours), calls)
+    write("record", {
+        "specscope_record_us": round(ns_ours / 1000, 2),
+        "vllm_prometheus_record_us": round(ns_prom / 1000, 2),
+        "ratio_specscope_over_vllm": round(ns_ours / ns_prom, 3),
+        "goal": "ratio <= 1.0",
+    })
+
+
+if __name__ == "__main__":
+    main()

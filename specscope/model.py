@@ -1,0 +1,333 @@
+"""The telemetry model: immutable snapshot types every consumer reads.
+
+Collectors feed :class:`specscope.hub.Hub`; the hub hands out :class:`Snapshot` objects built from the types
+below. Derived values (acceptance rate, α, fragmentation, rates per second) are properties computed here from
+counts, through :mod:`specscope.acceptance`, so there is one definition of each. Fields that a source cannot
+provide are ``None`` ("unavailable"), never zero: an engine without speculation has ``spec is None``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from specscope import acceptance as acc
+
+#: Upper bounds of the per-request acceptance-rate histogram (the last bucket is +Inf).
+ACCEPTANCE_RATE_BOUNDS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+#: Upper bounds of the per-request mean-acceptance-length histogram (tokens per step).
+ACCEPTANCE_LENGTH_BOUNDS: tuple[float, ...] = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)
+
+
+@dataclass(frozen=True, slots=True)
+class SpecCounts:
+    """Speculative-decoding counts over some interval (lifetime or a window)."""
+
+    num_spec_tokens: int
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+    accepted_per_pos: tuple[int, ...] = ()
+    draft_tokens_per_pos: tuple[int, ...] = ()
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """accepted / drafted."""
+        return acc.acceptance_rate(self.accepted, self.draft_tokens)
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """1 + accepted / drafts (bonus token included)."""
+        return acc.mean_acceptance_length(self.accepted, self.drafts)
+
+    @property
+    def per_position(self) -> tuple[float, ...]:
+        """Unconditional acceptance rate of each draft position."""
+        return acc.per_position_rates(self.accepted_per_pos, self.drafts)
+
+    @property
+    def conditional_per_position(self) -> tuple[float | None, ...]:
+        """Acceptance rate of each position given the earlier ones were accepted."""
+        return acc.conditional_rates(self.accepted_per_pos, self.drafts)
+
+    @property
+    def alpha(self) -> float | None:
+        """Per-token acceptance probability α (pooled maximum-likelihood estimate)."""
+        return acc.alpha(self.accepted_per_pos, self.drafts, self.draft_tokens_per_pos)
+
+    @property
+    def alpha_position0(self) -> float | None:
+        """α estimated from position 0 alone."""
+        return acc.alpha_from_position0(self.accepted_per_pos, self.drafts)
+
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    """Cumulative-free bucket counts: ``counts[i]`` observations ≤ ``bounds[i]``, the last one above all bounds."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    total: float = 0.0
+
+    @property
+    def count(self) -> int:
+        """Number of observations."""
+        return sum(self.counts)
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    """Engine counts over an interval: the lifetime or the sliding window."""
+
+    seconds: float
+    steps: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    requests: int = 0
+    preemptions: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    spec: SpecCounts | None = None
+
+    def per_second(self, count: int) -> float | None:
+        """A count of this interval as a rate."""
+        return count / self.seconds if self.seconds > 0 else None
+
+    @property
+    def generation_tokens_per_s(self) -> float | None:
+        """Output tokens per second."""
+        return self.per_second(self.generation_tokens)
+
+    @property
+    def drafted_tokens_per_s(self) -> float | None:
+        """Draft tokens proposed per second."""
+        return self.per_second(self.spec.draft_tokens) if self.spec else None
+
+    @property
+    def accepted_tokens_per_s(self) -> float | None:
+        """Draft tokens accepted per second."""
+        return self.per_second(self.spec.accepted) if self.spec else None
+
+    @property
+    def prefix_cache_hit_rate(self) -> float | None:
+        """Prefix-cache hits / queries, in tokens."""
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One finished request. Engine timing and speculative numbers may come from different sources."""
+
+    request_id: str
+    seq: int
+    finished_at: float
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    generation_tokens: int | None = None
+    cached_tokens: int | None = None
+    preemptions: int | None = None
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    tpot_s: float | None = None
+    queued_s: float | None = None
+    prefill_s: float | None = None
+    decode_s: float | None = None
+    num_spec_tokens: int | None = None
+    spec_steps: int | None = None
+    draft_tokens: int | None = None
+    accepted_tokens: int | None = None
+    acceptance_histogram: tuple[int, ...] | None = None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """accepted / drafted for this request."""
+        if self.accepted_tokens is None or self.draft_tokens is None:
+            return None
+        return acc.acceptance_rate(self.accepted_tokens, self.draft_tokens)
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """Tokens gained per speculative step of this request."""
+        if self.accepted_tokens is None or not self.spec_steps:
+            return None
+        return acc.mean_acceptance_length(self.accepted_tokens, self.spec_steps)
+
+
+@dataclass(frozen=True, slots=True)
+class KVCache:
+    """Paged KV-cache state. See docs/kv-cache.md for the definitions."""
+
+    block_size: int | None = None
+    num_blocks: int | None = None
+    block_usage: float | None = None
+    tokens_held: int | None = None
+
+    @property
+    def capacity_tokens(self) -> int | None:
+        """Token slots in usable blocks (vLLM reserves one null block)."""
+        if self.block_size is None or not self.num_blocks:
+            return None
+        return (self.num_blocks - 1) * self.block_size
+
+    @property
+    def blocks_used(self) -> int | None:
+        """Blocks in use, from the engine's usage fraction."""
+        if self.block_usage is None or not self.num_blocks:
+            return None
+        return round(self.block_usage * (self.num_blocks - 1))
+
+    @property
+    def token_usage(self) -> float | None:
+        """Estimated token slots held by live requests / all token slots."""
+        cap = self.capacity_tokens
+        if self.tokens_held is None or not cap:
+            return None
+        return min(1.0, self.tokens_held / cap)
+
+    @property
+    def fragmentation(self) -> float | None:
+        """1 − token slots held / block slots allocated; None while nothing is allocated."""
+        tu = self.token_usage
+        if tu is None or not self.block_usage:
+            return None
+        return max(0.0, 1.0 - tu / self.block_usage)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuDevice:
+    """Memory of one GPU, from NVML."""
+
+    index: int
+    name: str
+    used_bytes: int
+    total_bytes: int
+
+    @property
+    def used_fraction(self) -> float:
+        """used / total."""
+        return self.used_bytes / self.total_bytes if self.total_bytes else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """GPU memory held by one process on one device; role is ``self`` or ``worker``."""
+
+    pid: int
+    device_index: int
+    used_bytes: int | None
+    role: str
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatorStats:
+    """torch's CUDA caching allocator in this process, for one device."""
+
+    device_index: int
+    allocated_bytes: int
+    reserved_bytes: int
+    inactive_split_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuMemory:
+    """GPU memory as far as it can be read; ``status`` says why when it cannot."""
+
+    status: str
+    devices: tuple[GpuDevice, ...] = ()
+    processes: tuple[GpuProcess, ...] = ()
+    allocator: tuple[AllocatorStats, ...] = ()
+    allocator_status: str = "not collected"
+
+    @property
+    def available(self) -> bool:
+        """True when NVML answered."""
+        return self.status == "ok"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """What engine and models the numbers come from."""
+
+    engine: str = "vllm"
+    engine_version: str | None = None
+    model: str | None = None
+    draft_model: str | None = None
+    method: str | None = None
+    num_speculative_tokens: int | None = None
+    block_size: int | None = None
+    num_blocks: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """specscope's own health: failures are counted here, never raised into the engine."""
+
+    errors: tuple[tuple[str, int], ...] = ()
+    dropped_records: int = 0
+    last_error: str | None = None
+
+    @property
+    def error_count(self) -> int:
+        """All errors counted so far."""
+        return sum(n for _, n in self.errors)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything specscope knows at one instant; cheap to make, safe to share between threads."""
+
+    time: float
+    started_at: float
+    engine: EngineInfo
+    lifetime: Totals
+    window: Totals
+    window_seconds: float
+    running: int | None
+    waiting: int | None
+    kv: KVCache
+    gpu: GpuMemory
+    requests: tuple[RequestRecord, ...]
+    request_acceptance_rate: Histogram | None
+    request_acceptance_length: Histogram | None
+    health: Health = field(default_factory=Health)
+
+    @property
+    def uptime_s(self) -> float:
+        """Seconds since the hub started."""
+        return self.time - self.started_at
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: fields plus the derived values consumers need."""
+        return _to_dict(self)
+
+
+_DERIVED: dict[type, tuple[str, ...]] = {
+    SpecCounts: (
+        "acceptance_rate",
+        "mean_acceptance_length",
+        "per_position",
+        "conditional_per_position",
+        "alpha",
+        "alpha_position0",
+    ),
+    Totals: ("generation_tokens_per_s", "drafted_tokens_per_s", "accepted_tokens_per_s", "prefix_cache_hit_rate"),
+    RequestRecord: ("acceptance_rate", "mean_acceptance_length"),
+    KVCache: ("capacity_tokens", "blocks_used", "token_usage", "fragmentation"),
+    GpuDevice: ("used_fraction",),
+    GpuMemory: ("available",),
+    Health: ("error_count",),
+    Histogram: ("count",),
+    Snapshot: ("uptime_s",),
+}
+
+
+def _to_dict(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out = {f.name: _to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        for name in _DERIVED.get(type(obj), ()):
+            out[name] = _to_dict(getattr(obj, name))
+        return out
+    if isinstance(obj, tuple | list):
+        return [_to_dict(x) for x in obj]
+    return obj

@@ -1,0 +1,75 @@
+"""Plain-text rendering of a snapshot: the engine summary and the per-request acceptance table."""
+
+from __future__ import annotations
+
+from specscope.model import RequestRecord, Snapshot, Totals
+
+
+def _num(v: float | None, fmt: str = ".2f", none: str = "n/a") -> str:
+    return none if v is None else format(v, fmt)
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{100 * v:.1f}%"
+
+
+def _gib(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / (1 << 30):.1f} GiB"
+
+
+def summary(snap: Snapshot) -> str:
+    """Engine, speculative decoding (window and lifetime), KV cache and GPU memory, one topic a line."""
+    e = snap.engine
+    lines = [
+        f"engine   {e.engine} {e.engine_version or ''}  model {e.model}",
+        f"spec     method {e.method or 'none'}  draft {e.draft_model or '-'}  K {e.num_speculative_tokens or '-'}",
+    ]
+    for label, t in (("window", snap.window), ("lifetime", snap.lifetime)):
+        lines.append(f"{label:<8} {_spec_line(t)}")
+    w = snap.window.spec
+    if w is not None and w.drafts:
+        lines.append("per-pos  " + "  ".join(f"{i}:{_pct(r)}" for i, r in enumerate(w.per_position)))
+    kv = snap.kv
+    lines.append(
+        f"kv cache blocks {_pct(kv.block_usage)} ({kv.blocks_used} of {kv.block_size}-token blocks)"
+        f"  tokens {_pct(kv.token_usage)}  fragmentation {_pct(kv.fragmentation)}"
+        f"  preemptions {snap.lifetime.preemptions}  prefix-cache hits {_pct(snap.lifetime.prefix_cache_hit_rate)}"
+    )
+    g = snap.gpu
+    if g.available:
+        for d in g.devices:
+            lines.append(f"gpu {d.index}    {d.name}: {_gib(d.used_bytes)} / {_gib(d.total_bytes)}")
+        for p in g.processes:
+            lines.append(f"  pid {p.pid} ({p.role}) on gpu {p.device_index}: {_gib(p.used_bytes)}")
+    else:
+        lines.append(f"gpu      {g.status}")
+    if snap.health.error_count:
+        lines.append(f"specscope errors {snap.health.error_count} (last: {snap.health.last_error})")
+    return "\n".join(lines)
+
+
+def _spec_line(t: Totals) -> str:
+    base = f"{t.seconds:6.1f}s  {t.requests} requests  {_num(t.generation_tokens_per_s, '.1f')} tok/s"
+    s = t.spec
+    if s is None:
+        return base + "  (no speculation)"
+    return (
+        f"{base}  acceptance {_pct(s.acceptance_rate)}  alpha {_num(s.alpha)}"
+        f"  mean length {_num(s.mean_acceptance_length)}  drafted {s.draft_tokens} accepted {s.accepted}"
+    )
+
+
+def request_table(records: tuple[RequestRecord, ...] | list[RequestRecord], limit: int = 20) -> str:
+    """The last ``limit`` requests: tokens, acceptance, latency."""
+    head = f"{'request':<12} {'prompt':>6} {'gen':>5} {'drafted':>7} {'accepted':>8} {'rate':>7} {'len':>5}" \
+           f" {'ttft ms':>8} {'e2e ms':>8}"
+    rows = [head]
+    for r in list(records)[-limit:]:
+        rows.append(
+            f"{r.request_id[:12]:<12} {_num(r.prompt_tokens, 'd', '-'):>6} {_num(r.generation_tokens, 'd', '-'):>5}"
+            f" {_num(r.draft_tokens, 'd', '-'):>7} {_num(r.accepted_tokens, 'd', '-'):>8}"
+            f" {_pct(r.acceptance_rate):>7} {_num(r.mean_acceptance_length):>5}"
+            f" {_num(None if r.ttft_s is None else 1000 * r.ttft_s, '.1f'):>8}"
+            f" {_num(None if r.e2e_s is None else 1000 * r.e2e_s, '.1f'):>8}"
+        )
+    return "\n".join(rows)

@@ -1,0 +1,215 @@
+"""Tiny Llama target and draft models, built deterministically and offline.
+
+No weights can be downloaded on the machines specscope is tested on, so tests, benchmarks and the demo use a
+family of tiny models built here with fixed seeds: a byte-level BPE tokenizer trained on generated text, a
+4-layer Llama target, and drafts of known quality. Built once and cached on disk
+(``$SPECSCOPE_CACHE`` or ``~/.cache/specscope``). Needs torch, transformers and tokenizers (the ``cpu`` or
+``vllm`` extra).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+#: Bump when anything below changes what gets built, so stale caches are not reused.
+VERSION = "2"
+
+VOCAB_SIZE = 2000
+SMALL_VOCAB_SIZE = 1000
+SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"]
+#: Plain-text chat template, so the OpenAI chat endpoint works with the tiny models.
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+
+#: Draft name -> what it is. The target is built alongside them.
+DRAFTS: dict[str, str] = {
+    "copy": "exact copy of the target (acceptance ~1)",
+    "noise2": "target + Gaussian noise of 2% of each tensor's std (good draft)",
+    "noise10": "target + Gaussian noise of 10% of each tensor's std (weak draft)",
+    "independent": "independent random 1-layer model, same tokenizer (useless draft)",
+    "other-tokenizer": "target's weights re-indexed for a different tokenizer of the same vocabulary size",
+    "other-vocab": "independent model with a 1000-token vocabulary",
+}
+
+_WORD_TEXT = (
+    "the of and to in is was that for on as with by at from his her they this which be or an are had not "
+    "one but all were when there can more has their if would will what about out up into them some time "
+    "only other new could its two first over than been these may then do like so people any most after "
+    "made also did many before must through back years where much your way well down should because each "
+    "just those how too little state good very make world still own see men work long get here between "
+    "both life being under never day same another know while last might great old year off come since "
+    "against go came right used take three engine token draft model cache block memory speed verify "
+    "accept reject batch queue latency window signal metric alert river stone garden window light "
+)
+_WORDS = _WORD_TEXT.split()
+
+
+def cache_root() -> Path:
+    """Directory holding built model families."""
+    base = os.environ.get("SPECSCOPE_CACHE") or os.path.join(Path.home(), ".cache", "specscope")
+    return Path(base) / "tiny-models" / f"v{VERSION}"
+
+
+def _lexicon() -> list[str]:
+    """English function words plus seeded pseudo-words, enough for the BPE to fill its vocabulary."""
+    rng = random.Random(1)
+    onsets = "b c d f g h j k l m n p r s t v w z br cl dr fl gr pl st tr sh ch th"
+    vowels = ["a", "e", "i", "o", "u", "ai", "ea", "ou", "io"]
+    codas = ["", "", "n", "r", "s", "t", "l", "m", "nd", "st"]
+    pseudo = {
+        "".join(rng.choice(onsets.split()) + rng.choice(vowels) + rng.choice(codas) for _ in range(rng.randint(1, 3)))
+        for _ in range(4000)
+    }
+    return list(_WORDS) + sorted(pseudo)
+
+
+def _corpus(seed: int, lines: int = 6000) -> list[str]:
+    rng = random.Random(seed)
+    words = _lexicon()
+    rng.shuffle(words)
+    # A Zipf-like choice makes frequent words merge first, as in real text.
+    weights = [1.0 / (i + 1) for i in range(len(words))]
+    out = []
+    for _ in range(lines):
+        n = rng.randint(6, 18)
+        sentence = " ".join(rng.choices(words, weights, k=n))
+        out.append(sentence.capitalize() + rng.choice([".", ".", "?", "!"]))
+    return out
+
+
+def _train_tokenizer(corpus: list[str], vocab_size: int) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def _config(vocab_size: int, layers: int) -> Any:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=128,
+        intermediate_size=344,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+    )
+
+
+def _random_model(vocab_size: int, layers: int, seed: int) -> Any:
+    import torch
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(_config(vocab_size, layers))
+    with torch.no_grad():
+        # Sharpen the output distribution so greedy text is not flat.
+        model.lm_head.weight.mul_(8.0)
+    return model.eval()
+
+
+def _noisy_copy(target: Any, fraction: float, seed: int) -> Any:
+    import copy
+
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    model = copy.deepcopy(target)
+    with torch.no_grad():
+        for p in model.parameters():
+            std = float(p.std()) if p.numel() > 1 else 0.0
+            p.add_(torch.randn(p.shape, generator=gen) * (fraction * std))
+    return model
+
+
+def _reindexed_copy(target: Any, target_tok: Any, draft_tok: Any) -> Any:
+    """The target's weights with rows moved so each token keeps its meaning under the draft's ids."""
+    import copy
+
+    import torch
+
+    model = copy.deepcopy(target)
+    t_vocab, d_vocab = target_tok.get_vocab(), draft_tok.get_vocab()
+    n = len(t_vocab)
+    perm = [-1] * n  # perm[draft_id] = target_id carrying the same token
+    for token, d_id in d_vocab.items():
+        if token in t_vocab and d_id < n:
+            perm[d_id] = t_vocab[token]
+    unused = iter(sorted(set(range(n)) - {t for t in perm if t >= 0}))
+    perm = [t if t >= 0 else next(unused) for t in perm]
+    index = torch.tensor(perm)
+    with torch.no_grad():
+        emb = model.model.embed_tokens.weight
+        emb.copy_(target.model.embed_tokens.weight[index])
+        model.lm_head.weight.copy_(target.lm_head.weight[index])
+    return model
+
+
+def _save(model: Any, tokenizer: Any, path: Path) -> None:
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+
+
+def build(root: Path | None = None) -> dict[str, Path]:
+    """Build (or reuse) the tiny model family; return ``{"target": path, draft name: path, ...}``."""
+    root = root or cache_root()
+    names = ["target", *DRAFTS]
+    paths = {name: root / name for name in names}
+    if all((p / "config.json").is_file() for p in paths.values()):
+        return paths
+
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=root.parent))
+    try:
+        corpus = _corpus(seed=7)
+        tok = _train_tokenizer(corpus, VOCAB_SIZE)
+        other_tok = _train_tokenizer(_corpus(seed=8), VOCAB_SIZE)
+        small_tok = _train_tokenizer(corpus, SMALL_VOCAB_SIZE)
+
+        target = _random_model(VOCAB_SIZE, layers=4, seed=0)
+        _save(target, tok, tmp / "target")
+        _save(target, tok, tmp / "copy")
+        _save(_noisy_copy(target, 0.02, seed=2), tok, tmp / "noise2")
+        _save(_noisy_copy(target, 0.10, seed=10), tok, tmp / "noise10")
+        _save(_random_model(VOCAB_SIZE, layers=1, seed=1234), tok, tmp / "independent")
+        _save(_reindexed_copy(target, tok, other_tok), other_tok, tmp / "other-tokenizer")
+        _save(_random_model(SMALL_VOCAB_SIZE, layers=1, seed=99), small_tok, tmp / "other-vocab")
+        (tmp / "README.txt").write_text(
+            "specscope tiny models (random weights, for tests only)\n"
+            + "".join(f"{k}: {v}\n" for k, v in DRAFTS.items())
+        )
+        if root.exists():
+            shutil.rmtree(root)
+        tmp.rename(root)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return paths
+
+
+def prompts(count: int, seed: int = 0, min_words: int = 4, max_words: int = 40) -> list[str]:
+    """Deterministic prompts in the tiny models' language, of varied lengths."""
+    rng = random.Random(seed)
+    lines = _corpus(seed=1000 + seed, lines=count)
+    return [" ".join(line.split()[: rng.randint(min_words, max_words)]) for line in lines]

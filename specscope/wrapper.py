@@ -1,0 +1,160 @@
+"""Instrumented vLLM engines: ``specscope.LLM``, ``specscope.AsyncLLM`` and :func:`instrument`.
+
+``specscope.LLM`` is ``vllm.LLM`` with the same arguments and return values, plus a ``specscope`` attribute
+(the :class:`~specscope.hub.Hub` it feeds) and :meth:`LLM.snapshot`. It turns on what the numbers need: vLLM's
+stat collection and, when speculation is configured, per-request speculative metrics. When the caller did not
+ask for vLLM's own stat logging, vLLM's log-line and Prometheus loggers are left out so nothing is paid for
+them. :func:`instrument` attaches the same recording to an engine created elsewhere (``vllm.LLM``,
+``LLMEngine`` or ``AsyncLLM``); :func:`uninstrument` removes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
+
+import vllm
+from vllm.v1.engine.async_llm import AsyncLLM as _VllmAsyncLLM
+
+from specscope.collectors import gpu_source, vllm_reader
+from specscope.collectors.vllm_logger import SpecscopeStatLogger
+from specscope.hub import Hub, default_hub
+from specscope.model import Snapshot
+
+_STATE = "_specscope_state"
+
+
+class SpecscopeError(RuntimeError):
+    """specscope cannot instrument this engine as asked."""
+
+
+def _record_output(hub: Hub, output: Any) -> None:
+    if output.finished:
+        try:
+            hub.record_request(str(output.request_id), **vllm_reader.output_fields(output))
+        except Exception as exc:
+            hub.count_error("request output", exc)
+
+
+def instrument(engine: Any, hub: Hub | None = None, *, keep_vllm_loggers: bool = True) -> Hub:
+    """Record ``engine``'s steps and finished requests into ``hub`` (default: the process-wide hub).
+
+    ``engine`` is a ``vllm.LLM``, an ``LLMEngine`` or an ``AsyncLLM`` created with stat logging on (the
+    default, except for ``vllm.LLM``, which needs ``disable_log_stats=False``). With
+    ``keep_vllm_loggers=False`` vLLM's own log-line and Prometheus loggers are removed.
+    """
+    hub = hub or default_hub()
+    target = getattr(engine, "llm_engine", engine)
+    if getattr(target, _STATE, None) is not None:
+        uninstrument(target)
+    manager = getattr(target, "logger_manager", None)
+    if manager is None:
+        raise SpecscopeError(
+            "this engine collects no statistics: create it with disable_log_stats=False "
+            "(specscope.LLM and specscope.AsyncLLM do this for you)"
+        )
+    others = [lg for lg in manager.stat_loggers if not isinstance(lg, SpecscopeStatLogger)]
+    ours = [lg for lg in manager.stat_loggers if isinstance(lg, SpecscopeStatLogger) and lg.target is hub]
+    stat_logger = ours[0] if ours else SpecscopeStatLogger.bound_to(hub)(target.vllm_config, manager.engine_indexes)
+    removed = [] if keep_vllm_loggers else others
+    manager.stat_loggers[:] = [*(others if keep_vllm_loggers else []), stat_logger]
+    stat_logger.log_engine_initialized()
+    hub.expect_request_parts(2)
+    gpu_source.attach(hub)
+
+    if isinstance(target, _VllmAsyncLLM):
+        original: Callable[..., Any] = target.generate
+
+        async def generate(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
+            async for out in original(*args, **kwargs):
+                _record_output(hub, out)
+                yield out
+
+        target.generate = generate  # type: ignore[method-assign]
+        patched = "generate"
+    else:
+        step = target.step
+
+        def instrumented_step() -> list[Any]:
+            outputs = step()
+            for out in outputs:
+                _record_output(hub, out)
+            return outputs
+
+        target.step = instrumented_step
+        patched = "step"
+    setattr(target, _STATE, (hub, stat_logger, removed, patched))
+    return hub
+
+
+def uninstrument(engine: Any) -> None:
+    """Undo :func:`instrument`: restore the engine's method and loggers."""
+    target = getattr(engine, "llm_engine", engine)
+    state = getattr(target, _STATE, None)
+    if state is None:
+        return
+    _hub, stat_logger, removed, patched = state
+    target.__dict__.pop(patched, None)
+    manager = target.logger_manager
+    manager.stat_loggers[:] = [lg for lg in manager.stat_loggers if lg is not stat_logger] + removed
+    setattr(target, _STATE, None)
+
+
+def _wants_speculation(kwargs: dict[str, Any]) -> bool:
+    return bool(kwargs.get("speculative_config") or kwargs.get("spec_method") or kwargs.get("spec_model"))
+
+
+class LLM(vllm.LLM):
+    """``vllm.LLM`` that records per-request acceptance, KV-cache and GPU memory into a hub.
+
+    Takes every ``vllm.LLM`` argument, plus ``specscope_hub`` (default: the process-wide hub).
+    """
+
+    def __init__(self, model: str, *, specscope_hub: Hub | None = None, **kwargs: Any) -> None:
+        keep_vllm_loggers = kwargs.get("disable_log_stats") is False
+        kwargs["disable_log_stats"] = False
+        if _wants_speculation(kwargs) and kwargs.get("per_request_spec_decode_metrics") is None:
+            kwargs["per_request_spec_decode_metrics"] = "summary"
+        super().__init__(model, **kwargs)
+        self.specscope: Hub = instrument(self, specscope_hub, keep_vllm_loggers=keep_vllm_loggers)
+
+    def snapshot(self) -> Snapshot:
+        """The hub's current snapshot."""
+        return self.specscope.snapshot()
+
+
+class AsyncLLM(_VllmAsyncLLM):
+    """vLLM's ``AsyncLLM`` with specscope recording; build it with ``from_engine_args`` as usual.
+
+    Per-request speculative metrics are turned on when speculation is configured. ``from_engine_args`` and
+    ``from_vllm_config`` also take ``specscope_hub`` (default: the process-wide hub).
+    """
+
+    specscope_default_hub: Hub | None = None
+
+    def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
+        obs = vllm_config.observability_config
+        if vllm_config.speculative_config is not None and obs.per_request_spec_decode_metrics == "none":
+            obs.per_request_spec_decode_metrics = "summary"
+        hub = type(self).specscope_default_hub or default_hub()
+        kwargs["stat_loggers"] = [*(kwargs.get("stat_loggers") or []), SpecscopeStatLogger.bound_to(hub)]
+        super().__init__(vllm_config, *args, **kwargs)
+        self.specscope: Hub = instrument(self, hub)
+
+    @classmethod
+    def from_engine_args(cls, *args: Any, specscope_hub: Hub | None = None, **kwargs: Any) -> AsyncLLM:
+        """As vLLM's, plus ``specscope_hub``."""
+        return _VllmAsyncLLM.from_engine_args.__func__(cls._bound(specscope_hub), *args, **kwargs)  # type: ignore[attr-defined]
+
+    @classmethod
+    def from_vllm_config(cls, *args: Any, specscope_hub: Hub | None = None, **kwargs: Any) -> AsyncLLM:
+        """As vLLM's, plus ``specscope_hub``."""
+        return _VllmAsyncLLM.from_vllm_config.__func__(cls._bound(specscope_hub), *args, **kwargs)  # type: ignore[attr-defined]
+
+    @classmethod
+    def _bound(cls, hub: Hub | None) -> type[AsyncLLM]:
+        return cls if hub is None else type(cls.__name__, (cls,), {"specscope_default_hub": hub})
+
+    def snapshot(self) -> Snapshot:
+        """The hub's current snapshot."""
+        return self.specscope.snapshot()

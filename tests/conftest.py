@@ -1,0 +1,91 @@
+"""Shared fixtures: the tiny model family and real vLLM engines, one alive at a time."""
+
+from __future__ import annotations
+
+import gc
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+#: Engine settings that work on a 2-core CPU machine (see ../shared/notes/vllm.md).
+ENGINE_KW: dict[str, Any] = {"enforce_eager": True, "dtype": "float32", "max_model_len": 512, "seed": 0}
+K = 4
+
+
+@pytest.fixture(scope="session")
+def tiny() -> dict[str, Path]:
+    from specscope import tiny_models
+
+    return tiny_models.build()
+
+
+def spec_config(tiny: dict[str, Path], draft: str, k: int = K) -> dict[str, Any]:
+    """A speculative_config for one of the tiny drafts, or n-gram lookup."""
+    if draft == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    return {"method": "draft_model", "model": str(tiny[draft]), "num_speculative_tokens": k}
+
+
+def shutdown(llm: Any) -> None:
+    """Stop an engine's worker processes now rather than at garbage collection."""
+    from specscope import uninstrument
+
+    uninstrument(llm)
+    target = getattr(llm, "llm_engine", llm)
+    if hasattr(target, "shutdown"):
+        target.shutdown()  # AsyncLLM
+    else:
+        target.engine_core.shutdown()
+
+
+class EnginePool:
+    """Keeps at most one engine alive; asking for another configuration shuts the current one down."""
+
+    def __init__(self) -> None:
+        self.key: str | None = None
+        self.value: Any = None
+
+    def get(self, key: str, make: Callable[[], Any]) -> Any:
+        if self.key != key:
+            self.close()
+            self.value = make()
+            self.key = key
+        return self.value
+
+    def close(self) -> None:
+        if self.value is not None:
+            value, self.value, self.key = self.value, None, None
+            shutdown(value[0] if isinstance(value, tuple) else value)
+            del value
+            gc.collect()
+
+
+@pytest.fixture(scope="session")
+def engines() -> Iterator[EnginePool]:
+    pool = EnginePool()
+    yield pool
+    pool.close()
+
+
+def greedy(max_tokens: int = 48) -> Any:
+    from vllm import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+
+
+def vllm_counters(llm: Any) -> dict[str, Any]:
+    """vLLM's own spec-decode and token counters, read from its in-process Prometheus registry."""
+    out: dict[str, Any] = {}
+    for m in llm.get_metrics():
+        name = m.name.removeprefix("vllm:")
+        if hasattr(m, "values"):
+            out[name] = list(m.values)
+        elif hasattr(m, "value"):
+            out[name] = out.get(name, 0) + m.value
+    return out

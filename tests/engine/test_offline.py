@@ -1,0 +1,181 @@
+"""specscope.LLM on a real vLLM engine: same outputs as vllm.LLM, numbers equal to vLLM's own counters."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from specscope import Hub, tiny_models
+from tests.conftest import ENGINE_KW, K, greedy, spec_config, vllm_counters
+
+pytestmark = pytest.mark.engine
+
+PROMPTS = tiny_models.prompts(12, seed=3)
+MAX_TOKENS = 48
+
+#: draft -> (lowest, highest) accepted/drafted expected with greedy decoding, K=4.
+BANDS = {"copy": (0.9, 1.0), "noise10": (0.1, 0.4), "independent": (0.0, 0.05), "ngram": (0.05, 1.0)}
+
+
+@pytest.fixture(scope="module")
+def baseline(tiny: Any, engines: Any) -> list[list[int]]:
+    """Token ids from plain vllm.LLM without speculation."""
+    from vllm import LLM
+
+    llm = engines.get("plain", lambda: LLM(str(tiny["target"]), **ENGINE_KW))
+    outs = llm.generate(PROMPTS, greedy(MAX_TOKENS), use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+@pytest.fixture(scope="module", params=["none", "copy", "noise10", "independent", "ngram"])
+def run(request: Any, tiny: Any, engines: Any, baseline: Any) -> tuple[Any, Hub, list[Any]]:
+    """A specscope.LLM for one draft configuration, after one generate() call over PROMPTS."""
+    import specscope
+
+    draft = request.param
+
+    def make() -> tuple[Any, Hub, list[Any]]:
+        hub = Hub()
+        spec = {} if draft == "none" else {"speculative_config": spec_config(tiny, draft)}
+        llm = specscope.LLM(str(tiny["target"]), specscope_hub=hub, disable_log_stats=False, **spec, **ENGINE_KW)
+        outs = llm.generate(PROMPTS, greedy(MAX_TOKENS), use_tqdm=False)
+        hub.wait_idle()
+        return llm, hub, outs
+
+    return engines.get(draft, make)
+
+
+def test_outputs_identical_to_plain_vllm(run: Any, baseline: list[list[int]]) -> None:
+    _, _, outs = run
+    assert [list(o.outputs[0].token_ids) for o in outs] == baseline
+
+
+def test_every_request_recorded_with_engine_token_counts(run: Any) -> None:
+    llm, hub, outs = run
+    snap = hub.snapshot()
+    by_id = {r.request_id: r for r in snap.requests}
+    assert set(by_id) == {o.request_id for o in outs}
+    for o in outs:
+        rec = by_id[o.request_id]
+        assert rec.prompt_tokens == len(o.prompt_token_ids)
+        assert rec.generation_tokens == len(o.outputs[0].token_ids) == MAX_TOKENS
+        assert rec.finish_reason == "length"
+        assert 0 < rec.ttft_s <= rec.e2e_s
+        assert rec.tpot_s > 0
+    c = vllm_counters(llm)
+    assert snap.lifetime.generation_tokens == c["generation_tokens"] == sum(r.generation_tokens for r in by_id.values())
+    assert snap.lifetime.prompt_tokens == c["prompt_tokens"]
+    assert snap.lifetime.requests == len(PROMPTS)
+
+
+def test_spec_numbers_equal_vllm_counters(run: Any, request: Any) -> None:
+    llm, hub, _ = run
+    snap = hub.snapshot()
+    if hub.engine.method is None:
+        # Without speculation the spec fields are absent, not zero.
+        assert snap.lifetime.spec is None and snap.window.spec is None
+        assert snap.request_acceptance_rate is None
+        assert all(r.draft_tokens is None and r.acceptance_rate is None for r in snap.requests)
+        assert "spec_decode_num_drafts" not in vllm_counters(llm)
+        return
+    c = vllm_counters(llm)
+    life = snap.lifetime.spec
+    assert life is not None
+    assert life.drafts == c["spec_decode_num_drafts"]
+    assert life.draft_tokens == c["spec_decode_num_draft_tokens"]
+    assert life.accepted == c["spec_decode_num_accepted_tokens"]
+    assert list(life.accepted_per_pos) == c["spec_decode_num_accepted_tokens_per_pos"]
+    # Per-request numbers summed over the run equal the engine-wide counters exactly.
+    recs = snap.requests
+    assert sum(r.draft_tokens for r in recs) == c["spec_decode_num_draft_tokens"]
+    assert sum(r.accepted_tokens for r in recs) == c["spec_decode_num_accepted_tokens"]
+    assert sum(r.spec_steps for r in recs) == c["spec_decode_num_drafts"]
+    for r in recs:
+        assert len(r.acceptance_histogram) == K + 1
+        assert sum(r.acceptance_histogram) == r.spec_steps
+        assert sum(j * n for j, n in enumerate(r.acceptance_histogram)) == r.accepted_tokens
+    # The run is shorter than the window, so the window holds everything.
+    assert snap.window.spec == life
+    assert snap.request_acceptance_rate is not None and snap.request_acceptance_rate.count == len(PROMPTS)
+
+
+@pytest.mark.parametrize("run", list(BANDS), indirect=True)
+def test_acceptance_in_expected_band(run: Any) -> None:
+    _, hub, _ = run
+    method = hub.engine.method
+    draft = "ngram" if method == "ngram" else hub.engine.draft_model.rsplit("/", 1)[-1]
+    low, high = BANDS[draft]
+    spec = hub.snapshot().window.spec
+    assert spec is not None and spec.drafts > 0
+    assert low <= spec.acceptance_rate <= high, (draft, spec.acceptance_rate)
+    assert spec.alpha is not None and 0.0 <= spec.alpha <= 1.0
+    if draft == "copy":
+        assert spec.alpha >= 0.9 and spec.mean_acceptance_length >= 4.5
+    if draft == "independent":
+        assert spec.mean_acceptance_length <= 1.2
+
+
+def test_engine_info_and_kv(run: Any, tiny: Any) -> None:
+    _, hub, _ = run
+    snap = hub.snapshot()
+    assert snap.engine.model == str(tiny["target"])
+    assert snap.engine.block_size == 128 and snap.engine.num_blocks and snap.engine.num_blocks > 0
+    # Everything finished: no blocks held, nothing live.
+    assert snap.kv.block_usage == 0.0 and snap.kv.tokens_held == 0
+    assert snap.running == 0 and snap.waiting == 0
+    assert snap.gpu.status == "no NVIDIA driver"
+    assert snap.health.error_count == 0
+
+
+@pytest.mark.parametrize("run", ["copy"], indirect=True)
+def test_faults_in_specscope_never_reach_the_engine(
+    run: Any, baseline: list[list[int]], monkeypatch: Any, caplog: Any
+) -> None:
+    """A raising reader, listener and GPU source, and a listener that blocks: generation is untouched."""
+    llm, hub, _ = run
+    from specscope.collectors import vllm_reader
+
+    calls = {"n": 0}
+    real_read_step = vllm_reader.read_step
+
+    def flaky_read_step(*args: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] % 2:
+            raise KeyError("field renamed upstream")
+        return real_read_step(*args)
+
+    def bad_listener(rec: Any) -> None:
+        raise RuntimeError("exporter down")
+
+    release = threading.Event()
+    hub.add_listener(bad_listener)
+    hub.add_listener(lambda rec: release.wait(30))
+    hub.add_gpu_source("gpu", lambda: 1 / 0)  # replaces the real NVML source
+    monkeypatch.setattr(vllm_reader, "read_step", flaky_read_step)
+
+    before = {r.request_id for r in hub.snapshot().requests}
+    with caplog.at_level(logging.WARNING, logger="specscope"):
+        t0 = time.perf_counter()
+        outs = llm.generate(PROMPTS, greedy(MAX_TOKENS), use_tqdm=False)
+        elapsed = time.perf_counter() - t0
+        hub.snapshot()
+        hub.snapshot()
+    release.set()
+    hub.wait_idle()
+    assert [list(o.outputs[0].token_ids) for o in outs] == baseline
+    assert elapsed < 30  # the blocked listener did not hold the engine
+    snap = hub.snapshot()
+    new = [r for r in snap.requests if r.request_id not in before]
+    assert len(new) == len(PROMPTS)  # every request of the faulty run recorded
+    assert all(r.accepted_tokens is not None for r in new)
+    errors = dict(snap.health.errors)
+    assert errors["stat logger step"] >= 2
+    assert errors["gpu source gpu"] >= 1
+    assert sum(n for where, n in errors.items() if "bad_listener" in where) == len(PROMPTS)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert sum("stat logger step failed" in w for w in warnings) == 1  # logged once, counted always
+    assert sum("bad_listener" in w for w in warnings) == 1

@@ -1,0 +1,133 @@
+"""`vllm serve` with no code change: the stat-logger plugin and the middleware in a real OpenAI server."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import spec_config
+
+pytestmark = pytest.mark.engine
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def server_command(model: str, spec: dict[str, Any], port: int) -> list[str]:
+    """The documented command line (README, "vllm serve"), with an upper bound on its life."""
+    return [
+        "timeout", "900",
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", model,
+        "--speculative-config", json.dumps(spec),
+        "--per-request-spec-decode-metrics", "summary",
+        "--middleware", "specscope.collectors.middleware.SpecscopeMiddleware",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--enforce-eager", "--dtype", "float32", "--max-model-len", "512",
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def server(tiny: Any, engines: Any, tmp_path_factory: Any) -> Iterator[str]:
+    engines.close()  # two cores: no other engine alongside the server
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("server") / "server.log"
+    env = {**os.environ, "VLLM_PLUGINS": "specscope"}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            server_command(str(tiny["target"]), spec_config(tiny, "noise10"), port),
+            stdout=log, stderr=subprocess.STDOUT, env=env,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited: {log_path.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server not up: {log_path.read_text()[-3000:]}")
+            time.sleep(1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def snapshot(url: str) -> dict[str, Any]:
+    # Records whose second part did not come are released after a timeout; ours must be complete at once.
+    return dict(httpx.get(f"{url}/specscope/snapshot", timeout=10).json())
+
+
+def vllm_metrics(url: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
+        for s in fam.samples:
+            if s.name.startswith("vllm:spec_decode") and "position" not in s.labels:
+                out[s.name] = out.get(s.name, 0.0) + s.value
+    return out
+
+
+def test_completions_streaming_and_not_are_recorded_with_engine_counts(server: str) -> None:
+    body = {"model": None, "max_tokens": 32, "temperature": 0, "ignore_eos": True}
+    models = httpx.get(f"{server}/v1/models", timeout=10).json()
+    body["model"] = models["data"][0]["id"]
+    ids = []
+    for prompt in ["river stone garden light", "engine token draft model cache block memory"]:
+        r = httpx.post(f"{server}/v1/completions", json={**body, "prompt": prompt}, timeout=120).json()
+        ids.append(r["id"])
+        assert r["metrics"]["speculative_decoding"]["num_draft_tokens"] > 0
+    chunks = []
+    with httpx.stream(
+        "POST", f"{server}/v1/completions", timeout=120,
+        json={**body, "prompt": "window signal metric", "stream": True, "stream_options": {"include_usage": True}},
+    ) as resp:
+        for line in resp.iter_lines():
+            if line.startswith("data: {"):
+                chunks.append(json.loads(line[6:]))
+    ids.append(chunks[-1]["id"])
+    chat = httpx.post(
+        f"{server}/v1/chat/completions", timeout=120,
+        json={**body, "messages": [{"role": "user", "content": "stone river"}]},
+    ).json()
+    ids.append(chat["id"])
+
+    snap = snapshot(server)
+    recs = {r["request_id"]: r for r in snap["requests"]}
+    assert len(recs) == 4  # one record each: the plugin's and the middleware's parts were joined
+    for rid in ids:
+        rec = recs.get(rid) or recs[f"{rid}-0"]
+        assert rec["generation_tokens"] == 32 and rec["e2e_s"] > 0  # from the plugin
+        assert rec["draft_tokens"] > 0 and rec["acceptance_rate"] is not None  # from the middleware
+    assert recs[f"{ids[2]}-0"]["accepted_tokens"] == chunks[-1]["metrics"]["speculative_decoding"][
+        "num_accepted_draft_tokens"]
+    c = vllm_metrics(server)
+    life = snap["lifetime"]["spec"]
+    assert life["draft_tokens"] == c["vllm:spec_decode_num_draft_tokens_total"]
+    assert life["accepted"] == c["vllm:spec_decode_num_accepted_tokens_total"]
+    assert life["drafts"] == c["vllm:spec_decode_num_drafts_total"]
+    assert sum(r["draft_tokens"] for r in recs.values()) == life["draft_tokens"]
+    assert sum(r["accepted_tokens"] for r in recs.values()) == life["accepted"]
+    assert snap["engine"]["method"] == "draft_model" and snap["engine"]["num_speculative_tokens"] == 4
+    assert snap["health"]["error_count"] == 0

@@ -1,0 +1,245 @@
+"""The hub: window arithmetic, request joining, bounds, thread safety, failure isolation."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import tracemalloc
+from typing import Any
+
+import pytest
+
+from specscope.hub import Hub, StepStats
+from specscope.model import GpuMemory
+
+
+class Clock:
+    def __init__(self, t: float = 1_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def spec_step(drafts: int, accepted_per_draft: list[int], k: int = 4, **kw: Any) -> StepStats:
+    per_pos = [sum(1 for a in accepted_per_draft if a > i) for i in range(k)]
+    return StepStats(
+        num_spec_tokens=k,
+        drafts=drafts,
+        draft_tokens=drafts * k,
+        accepted=sum(accepted_per_draft),
+        accepted_per_pos=per_pos,
+        draft_tokens_per_pos=[drafts] * k,
+        **kw,
+    )
+
+
+def test_window_slides_and_lifetime_accumulates() -> None:
+    clock = Clock()
+    hub = Hub(window_s=10, clock=clock)
+    hub.record_step(spec_step(2, [4, 4], generation_tokens=10))
+    clock.t += 5
+    hub.record_step(spec_step(2, [0, 0], generation_tokens=2))
+    snap = hub.snapshot()
+    assert snap.window.spec.drafts == 4 and snap.window.spec.accepted == 8
+    assert snap.window.spec.acceptance_rate == pytest.approx(0.5)
+    clock.t += 6  # the first step is now 11 s old
+    snap = hub.snapshot()
+    assert snap.window.spec.drafts == 2 and snap.window.spec.acceptance_rate == 0.0
+    assert snap.window.generation_tokens == 2
+    assert snap.window.seconds == 10
+    assert snap.window.generation_tokens_per_s == pytest.approx(0.2)
+    assert snap.lifetime.spec.drafts == 4 and snap.lifetime.spec.accepted == 8
+    assert snap.lifetime.spec.accepted_per_pos == (2, 2, 2, 2)
+    assert snap.lifetime.generation_tokens == 12
+    clock.t += 30
+    snap = hub.snapshot()
+    assert snap.window.spec.drafts == 0 and snap.window.spec.acceptance_rate is None
+    assert snap.lifetime.spec.drafts == 4
+
+
+def test_window_rate_uses_elapsed_time_while_young_and_resets() -> None:
+    clock = Clock()
+    hub = Hub(window_s=60, clock=clock)
+    hub.record_step(StepStats(generation_tokens=30))
+    clock.t += 3
+    snap = hub.snapshot()
+    assert snap.window.seconds == pytest.approx(3)
+    assert snap.window.generation_tokens_per_s == pytest.approx(10)
+    hub.reset_window()
+    assert hub.snapshot().window.generation_tokens == 0
+    assert hub.snapshot().lifetime.generation_tokens == 30
+    hub.set_window(5)
+    assert hub.snapshot().window_seconds == 5
+    with pytest.raises(ValueError):
+        hub.set_window(0)
+
+
+def test_request_parts_are_joined_and_listeners_get_one_complete_record() -> None:
+    hub = Hub()
+    hub.expect_request_parts(2)
+    got: list[Any] = []
+    hub.add_listener(got.append)
+    hub.record_request("a", prompt_tokens=10, generation_tokens=20, e2e_s=1.0)
+    hub.wait_idle()
+    assert got == []
+    hub.record_request("a", spec_steps=5, draft_tokens=20, accepted_tokens=10, acceptance_histogram=(1, 1, 1, 1, 1))
+    hub.wait_idle()
+    assert len(got) == 1
+    rec = got[0]
+    assert rec.prompt_tokens == 10 and rec.accepted_tokens == 10
+    assert rec.acceptance_rate == 0.5 and rec.mean_acceptance_length == 3.0
+    snap = hub.snapshot()
+    assert [r.request_id for r in snap.requests] == ["a"]
+    assert snap.request_acceptance_rate is None  # no speculation configured on this hub's engine
+
+
+def test_a_request_missing_its_second_part_is_released_after_a_timeout() -> None:
+    clock = Clock()
+    hub = Hub(clock=clock)
+    hub.expect_request_parts(2)
+    got: list[Any] = []
+    hub.add_listener(got.append)
+    hub.record_request("lonely", e2e_s=1.0)
+    clock.t += Hub.PENDING_TIMEOUT_S + 0.1
+    hub.record_step(StepStats())
+    hub.wait_idle()
+    assert [r.request_id for r in got] == ["lonely"]
+
+
+def test_pending_records_are_released_while_the_engine_is_idle() -> None:
+    hub = Hub()
+    hub.expect_request_parts(2)
+    got: list[Any] = []
+    hub.add_listener(got.append)
+    hub.record_request("idle", e2e_s=1.0)
+    deadline = time.monotonic() + 3 * Hub.PENDING_TIMEOUT_S
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [r.request_id for r in got] == ["idle"]
+
+
+def test_request_history_is_bounded() -> None:
+    hub = Hub(max_requests=100)
+    for i in range(1000):
+        hub.record_request(str(i), e2e_s=0.1)
+    snap = hub.snapshot()
+    assert len(snap.requests) == 100
+    assert snap.requests[0].request_id == "900" and snap.requests[-1].seq == 1000
+
+
+def test_memory_is_flat_over_many_requests_and_steps() -> None:
+    hub = Hub(max_requests=1000)
+    fields = {"prompt_tokens": 10, "generation_tokens": 20, "spec_steps": 5, "draft_tokens": 20,
+              "accepted_tokens": 10, "acceptance_histogram": (1, 1, 1, 1, 1)}
+
+    def feed(start: int, n: int) -> None:
+        for i in range(start, start + n):
+            hub.record_request(str(i), **fields)
+            hub.record_step(spec_step(1, [2]))
+
+    feed(0, 10_000)
+    tracemalloc.start()
+    feed(10_000, 10_000)
+    base, _ = tracemalloc.get_traced_memory()
+    feed(20_000, 90_000)
+    after, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert after - base < 50_000, (base, after)  # bytes: no growth with 9x more requests
+
+
+def test_concurrent_writers_lose_nothing() -> None:
+    hub = Hub()
+
+    def writer(w: int) -> None:
+        for i in range(2000):
+            hub.record_step(spec_step(1, [1], generation_tokens=1))
+            hub.record_request(f"{w}-{i}", e2e_s=0.0)
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for _ in range(50):
+        hub.snapshot()
+    for t in threads:
+        t.join()
+    snap = hub.snapshot()
+    assert snap.lifetime.generation_tokens == 8000
+    assert snap.lifetime.spec.drafts == 8000 and snap.lifetime.spec.accepted == 8000
+
+
+def test_failures_are_counted_always_and_logged_once(caplog: Any) -> None:
+    hub = Hub(gpu_poll_s=0)
+    hub.add_gpu_source("flaky", lambda: 1 / 0)
+    hub.add_listener(lambda rec: (_ for _ in ()).throw(RuntimeError("boom")))
+    with caplog.at_level(logging.WARNING, logger="specscope"):
+        for i in range(5):
+            hub.snapshot()
+            hub.record_request(str(i))
+        hub.wait_idle()
+    errors = dict(hub.snapshot().health.errors)
+    assert errors["gpu source flaky"] >= 5
+    assert sum(n for k, n in errors.items() if k.startswith("listener")) == 5
+    assert len(caplog.records) == 2
+    assert hub.snapshot().health.last_error
+
+
+def test_full_listener_queue_drops_and_counts() -> None:
+    hub = Hub()
+    hub._queue.maxsize = 3
+    gate = threading.Event()
+    hub.add_listener(lambda rec: gate.wait(5))
+    for i in range(10):
+        hub.record_request(str(i))
+    dropped = hub.snapshot().health.dropped_records
+    gate.set()
+    assert 6 <= dropped <= 7  # one may already be in the listener's hands
+
+
+def test_gpu_source_is_polled_with_a_ttl() -> None:
+    clock = Clock()
+    hub = Hub(gpu_poll_s=2.0, clock=clock)
+    calls = []
+
+    def source() -> GpuMemory:
+        calls.append(clock.t)
+        return GpuMemory(status="ok")
+
+    hub.add_gpu_source("fake", source)
+    assert hub.snapshot().gpu.status == "ok"
+    hub.snapshot()
+    clock.t += 2.5
+    hub.snapshot()
+    assert len(calls) == 2
+
+
+def test_kv_token_estimate_follows_live_requests() -> None:
+    from specscope.model import EngineInfo
+
+    hub = Hub()
+    hub.set_engine(EngineInfo(block_size=16, num_blocks=11))  # 160 usable token slots
+    hub.record_step(StepStats(running=2, waiting=0, kv_usage=0.5, prompt_tokens=40, generation_tokens=2))
+    kv = hub.snapshot().kv
+    assert kv.tokens_held == 42 and kv.capacity_tokens == 160
+    assert kv.token_usage == pytest.approx(42 / 160)
+    assert kv.fragmentation == pytest.approx(1 - (42 / 160) / 0.5)
+    assert kv.blocks_used == 5
+    hub.record_step(StepStats(running=1, waiting=0, kv_usage=0.2, generation_tokens=2, finished=1, finished_tokens=30))
+    assert hub.snapshot().kv.tokens_held == 14
+    hub.record_step(StepStats(running=0, waiting=0, kv_usage=0.0, finished=1, finished_tokens=9))
+    kv = hub.snapshot().kv
+    assert kv.tokens_held == 0 and kv.fragmentation is None
+
+
+def test_snapshot_is_json_ready_and_immutable() -> None:
+    hub = Hub()
+    hub.record_step(spec_step(1, [3]))
+    hub.record_request("x", spec_steps=1, draft_tokens=4, accepted_tokens=3, acceptance_histogram=(0, 0, 0, 1, 0))
+    snap = hub.snapshot()
+    d = json.loads(json.dumps(snap.to_dict()))
+    assert d["lifetime"]["spec"]["acceptance_rate"] == 0.75
+    assert d["requests"][0]["mean_acceptance_length"] == 4.0
+    with pytest.raises(AttributeError):
+        snap.lifetime.spec.drafts = 5  # type: ignore[misc]
