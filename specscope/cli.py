@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import NoReturn
 
 from specscope import __version__
 
@@ -26,9 +27,16 @@ def _models(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad input: one clear line on stderr and exit code 2 (no usage dump)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser (exit code 2 and one usage line on bad input, argparse's convention)."""
-    parser = argparse.ArgumentParser(prog="specscope", description="Observability for speculative decoding in vLLM.")
+    """The ``specscope`` argument parser."""
+    parser = _Parser(prog="specscope", description="Observability for speculative decoding in vLLM.")
     parser.add_argument("--version", action="version", version=f"specscope {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     models = sub.add_parser("models", help="build (or find) the tiny local target and draft models")

@@ -21,6 +21,9 @@ from typing import Any
 from specscope.model import (
     ACCEPTANCE_LENGTH_BOUNDS,
     ACCEPTANCE_RATE_BOUNDS,
+    REQUEST_DURATION_BOUNDS,
+    TPOT_BOUNDS,
+    TTFT_BOUNDS,
     EngineInfo,
     GpuMemory,
     Health,
@@ -283,6 +286,9 @@ class Hub:
         self._seq = 0
         self._rate_hist = _Hist(ACCEPTANCE_RATE_BOUNDS)
         self._len_hist = _Hist(ACCEPTANCE_LENGTH_BOUNDS)
+        self._e2e_hist = _Hist(REQUEST_DURATION_BOUNDS)
+        self._ttft_hist = _Hist(TTFT_BOUNDS)
+        self._tpot_hist = _Hist(TPOT_BOUNDS)
         self._errors: dict[str, int] = {}
         self._last_error: str | None = None
         self._dropped = 0
@@ -364,6 +370,8 @@ class Hub:
             if s.num_spec_tokens is not None and self._engine.num_speculative_tokens is None:
                 self._engine = replace(self._engine, num_speculative_tokens=s.num_spec_tokens)
             expired = self._expire_pending(now)
+            for r in expired:
+                self._observe(r)
         self._publish(expired)
 
     def record_request(self, request_id: str, **fields: Any) -> None:
@@ -382,11 +390,6 @@ class Hub:
             else:
                 rec = replace(rec, **fields)
                 self._recent[request_id] = rec
-            if "accepted_tokens" in fields and rec.acceptance_rate is not None:
-                self._rate_hist.observe(rec.acceptance_rate)
-                mal = rec.mean_acceptance_length
-                if mal is not None:
-                    self._len_hist.observe(mal)
             parts = self._parts.get(request_id, 0) + 1
             done = [rec] if parts >= self._parts_expected else []
             if done:
@@ -396,6 +399,8 @@ class Hub:
                 self._parts[request_id] = parts
                 self._pending.since[request_id] = now
             done += self._expire_pending(now)
+            for r in done:
+                self._observe(r)
         self._publish(done)
 
     def has_request(self, request_id: str) -> bool:
@@ -442,6 +447,9 @@ class Hub:
                 requests=tuple(self._recent.values()),
                 request_acceptance_rate=self._rate_hist.freeze() if spec_on else None,
                 request_acceptance_length=self._len_hist.freeze() if spec_on else None,
+                request_duration=self._e2e_hist.freeze(),
+                time_to_first_token=self._ttft_hist.freeze(),
+                time_per_output_token=self._tpot_hist.freeze(),
                 health=Health(
                     errors=tuple(sorted(self._errors.items())),
                     dropped_records=self._dropped,
@@ -450,6 +458,19 @@ class Hub:
             )
 
     # ----------------------------------------------------------------- internals
+    def _observe(self, rec: RequestRecord) -> None:
+        """Add a final request record to the lifetime histograms (under the lock, once per request)."""
+        if rec.acceptance_rate is not None:
+            self._rate_hist.observe(rec.acceptance_rate)
+        if rec.mean_acceptance_length is not None:
+            self._len_hist.observe(rec.mean_acceptance_length)
+        if rec.e2e_s is not None:
+            self._e2e_hist.observe(rec.e2e_s)
+        if rec.ttft_s is not None:
+            self._ttft_hist.observe(rec.ttft_s)
+        if rec.tpot_s:
+            self._tpot_hist.observe(rec.tpot_s)
+
     def _expire_pending(self, now: float) -> list[RequestRecord]:
         out = []
         since = self._pending.since
@@ -482,6 +503,8 @@ class Hub:
                 # Release records whose second part never came, even when the engine is idle.
                 with self._lock:
                     expired = self._expire_pending(self._clock())
+                    for r in expired:
+                        self._observe(r)
                 self._publish(expired)
                 continue
             for listener in list(self._listeners):

@@ -18,6 +18,12 @@ from specscope import acceptance as acc
 ACCEPTANCE_RATE_BOUNDS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 #: Upper bounds of the per-request mean-acceptance-length histogram (tokens per step).
 ACCEPTANCE_LENGTH_BOUNDS: tuple[float, ...] = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)
+#: OpenTelemetry GenAI semantic conventions' advised bucket boundaries, in seconds.
+REQUEST_DURATION_BOUNDS: tuple[float, ...] = (
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
+TTFT_BOUNDS: tuple[float, ...] = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+TPOT_BOUNDS: tuple[float, ...] = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,6 +296,9 @@ class Snapshot:
     requests: tuple[RequestRecord, ...]
     request_acceptance_rate: Histogram | None
     request_acceptance_length: Histogram | None
+    request_duration: Histogram | None = None
+    time_to_first_token: Histogram | None = None
+    time_per_output_token: Histogram | None = None
     health: Health = field(default_factory=Health)
 
     @property

@@ -1,0 +1,50 @@
+"""The tiny model family: deterministic, offline, and each draft what it claims to be."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from specscope import tiny_models
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
+
+
+def test_family_and_properties(tiny: dict[str, Path]) -> None:
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoTokenizer
+
+    assert set(tiny) == {"target", *tiny_models.DRAFTS}
+    target_tok = AutoTokenizer.from_pretrained(tiny["target"])
+    assert len(target_tok) == tiny_models.VOCAB_SIZE
+    assert digest(tiny["copy"]) == digest(tiny["target"])
+    w_t = load_file(tiny["target"] / "model.safetensors")
+    for name, frac in (("noise2", 0.02), ("noise10", 0.10)):
+        w = load_file(tiny[name] / "model.safetensors")
+        key = "model.layers.0.mlp.up_proj.weight"
+        ratio = float((w[key] - w_t[key]).std() / w_t[key].std())
+        assert ratio == pytest.approx(frac, rel=0.05)
+    assert AutoConfig.from_pretrained(tiny["independent"]).num_hidden_layers == 1
+    other = AutoTokenizer.from_pretrained(tiny["other-tokenizer"])
+    assert len(other) == tiny_models.VOCAB_SIZE  # same size, so vLLM accepts it ...
+    va, vb = target_tok.get_vocab(), other.get_vocab()
+    assert sum(va[t] != vb.get(t) for t in va) > len(va) // 2  # ... but the ids mean other tokens
+    assert AutoConfig.from_pretrained(tiny["other-vocab"]).vocab_size == tiny_models.SMALL_VOCAB_SIZE
+
+
+def test_build_is_deterministic(tiny: dict[str, Path], tmp_path: Path) -> None:
+    again = tiny_models.build(tmp_path / "family")
+    for name in ("target", "noise10", "other-tokenizer"):
+        assert digest(again[name]) == digest(tiny[name])
+        assert (again[name] / "tokenizer.json").read_bytes() == (tiny[name] / "tokenizer.json").read_bytes()
+
+
+def test_prompts_are_deterministic_and_varied() -> None:
+    a: Any = tiny_models.prompts(20, seed=4)
+    assert a == tiny_models.prompts(20, seed=4) and a != tiny_models.prompts(20, seed=5)
+    assert len({len(p.split()) for p in a}) > 5
