@@ -8,12 +8,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from specscope._version import __version__
+from specscope.exports import start as start_exports
 from specscope.hub import Hub, default_hub
 from specscope.model import Snapshot
 
-__version__ = "0.1.0"
-
-__all__ = ["LLM", "AsyncLLM", "Hub", "Snapshot", "__version__", "default_hub", "instrument", "uninstrument"]
+__all__ = [
+    "LLM",
+    "AsyncLLM",
+    "Hub",
+    "Snapshot",
+    "__version__",
+    "default_hub",
+    "instrument",
+    "start_exports",
+    "uninstrument",
+]
 
 _LAZY = {"LLM", "AsyncLLM", "instrument", "uninstrument"}
 

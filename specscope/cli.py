@@ -7,7 +7,7 @@ import json
 import sys
 from typing import NoReturn
 
-from specscope import __version__
+from specscope._version import __version__
 
 
 def _models(args: argparse.Namespace) -> int:
@@ -34,6 +34,47 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+def _check_export(args: argparse.Namespace) -> int:
+    import os
+
+    from specscope import exports
+    from specscope.endpoint import Endpoint, EndpointError
+    from specscope.hub import Hub
+    from specscope.otel_export import OtelConfigError, resolve_config
+
+    try:
+        port, host, otlp = exports.settings_from_env(dict(os.environ))
+        port = args.prometheus_port if args.prometheus_port is not None else port
+        host = args.prometheus_host or host
+        lines = []
+        if port is not None:
+            Endpoint(Hub().snapshot, host, port).close()  # the port can be bound
+            lines.append(f"prometheus endpoint: http://{host}:{port}/metrics (and /snapshot)")
+        if otlp or args.otlp or args.otlp_endpoint or args.otlp_protocol:
+            c = resolve_config(endpoint=args.otlp_endpoint, protocol=args.otlp_protocol)
+            state = "disabled by OTEL_SDK_DISABLED" if c.disabled else f"every {c.export_interval_ms} ms"
+            lines.append(f"otlp: {c.protocol} to {c.endpoint} ({len(c.headers)} headers), {state}")
+    except (exports.ExportConfigError, EndpointError, OtelConfigError) as exc:
+        print(f"specscope: error: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(lines) or "no export configured (set SPECSCOPE_PROMETHEUS_PORT and/or SPECSCOPE_OTLP=1)")
+    return 0
+
+
+def _dashboard(args: argparse.Namespace) -> int:
+    from specscope.dashboards import render
+
+    sys.stdout.write(render())
+    return 0
+
+
+def _metrics(args: argparse.Namespace) -> int:
+    from specscope.catalogue import markdown_table
+
+    sys.stdout.write(markdown_table())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``specscope`` argument parser."""
     parser = _Parser(prog="specscope", description="Observability for speculative decoding in vLLM.")
@@ -42,6 +83,17 @@ def build_parser() -> argparse.ArgumentParser:
     models = sub.add_parser("models", help="build (or find) the tiny local target and draft models")
     models.add_argument("--json", action="store_true", help="print {name: path} as JSON")
     models.set_defaults(func=_models)
+    check = sub.add_parser("check-export", help="validate export settings (SPECSCOPE_*, OTEL_* and these flags)")
+    check.add_argument("--prometheus-port", type=int, help="port of the /metrics endpoint")
+    check.add_argument("--prometheus-host", help="address to bind (default 127.0.0.1)")
+    check.add_argument("--otlp", action="store_true", help="check OTLP export settings too")
+    check.add_argument("--otlp-endpoint", help="OTLP endpoint (default: OTEL_EXPORTER_OTLP_ENDPOINT)")
+    check.add_argument("--otlp-protocol", help="http/protobuf or grpc (default: OTEL_EXPORTER_OTLP_PROTOCOL)")
+    check.set_defaults(func=_check_export)
+    dash = sub.add_parser("dashboard", help="print the Grafana dashboard JSON (deploy/grafana/)")
+    dash.set_defaults(func=_dashboard)
+    metrics = sub.add_parser("metrics", help="print the metric catalogue as a Markdown table (docs/metrics.md)")
+    metrics.set_defaults(func=_metrics)
     return parser
 
 

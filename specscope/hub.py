@@ -352,6 +352,11 @@ class Hub:
                 self._dispatcher = threading.Thread(target=self._dispatch, name="specscope-dispatch", daemon=True)
                 self._dispatcher.start()
 
+    def remove_listener(self, listener: Listener) -> None:
+        """Stop calling ``listener``."""
+        with self._lock:
+            self._listeners = [x for x in self._listeners if x != listener]
+
     # ----------------------------------------------------------------- writers (engine path)
     def record_step(self, s: StepStats) -> None:
         """Add one engine step's numbers."""

@@ -30,3 +30,31 @@ def test_version_and_models(tiny: Any) -> None:
     paths = json.loads(r.stdout)
     assert paths == {k: str(v) for k, v in tiny.items()}
     assert all((Path(p) / "config.json").is_file() for p in paths.values())
+
+
+def test_check_export_good_and_bad_configuration() -> None:
+    import os
+    import socket
+
+    r = subprocess.run([sys.executable, "-m", "specscope.cli", "check-export", "--prometheus-port", "0", "--otlp"],
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "OTEL_EXPORTER_OTLP_HEADERS": "api-key=s3cret"})
+    assert r.returncode == 0, r.stderr
+    assert "otlp: http/protobuf to http://localhost:4318 (1 headers)" in r.stdout
+    assert "s3cret" not in r.stdout + r.stderr  # secrets never printed
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        cases = [
+            (["--otlp-protocol", "http/json"], {}, "unsupported OTLP protocol 'http/json'"),
+            (["--otlp-endpoint", "otel:4317"], {}, "malformed OTLP endpoint"),
+            (["--prometheus-port", str(port)], {}, f"cannot listen on 127.0.0.1:{port}: address in use"),
+            ([], {"SPECSCOPE_PROMETHEUS_PORT": "nine"}, "SPECSCOPE_PROMETHEUS_PORT must be a port number"),
+        ]
+        for args, env, message in cases:
+            r = subprocess.run([sys.executable, "-m", "specscope.cli", "check-export", *args], capture_output=True,
+                               text=True, timeout=60, env={**os.environ, **env})
+            assert r.returncode == 2, (args, r.stdout, r.stderr)
+            assert r.stderr.strip() == f"specscope: error: {message}" or (
+                r.stderr.startswith("specscope: error: ") and message in r.stderr and r.stderr.count("\n") == 1)

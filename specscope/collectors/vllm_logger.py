@@ -16,6 +16,7 @@ from specscope.collectors import vllm_reader
 from specscope.hub import Hub, default_hub
 
 log = logging.getLogger("specscope")
+_exports_started = False
 
 
 class SpecscopeStatLogger(AggregateStatLoggerBase):
@@ -41,6 +42,8 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
                 )
         except Exception as exc:
             self.target.count_error("stat logger init", exc)
+        if type(self).hub is None:
+            _start_exports_once(self.target)
 
     @classmethod
     def bound_to(cls, hub: Hub) -> type[SpecscopeStatLogger]:
@@ -74,3 +77,14 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
             self.target.set_engine(vllm_reader.engine_info(self.vllm_config))
         except Exception as exc:
             self.target.count_error("stat logger init", exc)
+
+
+def _start_exports_once(hub: Hub) -> None:
+    """As a ``vllm serve`` plugin: start the exports the environment asks for, once per process."""
+    global _exports_started
+    if _exports_started:
+        return
+    _exports_started = True
+    from specscope import exports
+
+    exports.from_env(hub)

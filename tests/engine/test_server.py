@@ -41,11 +41,11 @@ def server_command(model: str, spec: dict[str, Any], port: int) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def server(tiny: Any, engines: Any, tmp_path_factory: Any) -> Iterator[str]:
+def server(tiny: Any, engines: Any, tmp_path_factory: Any) -> Iterator[tuple[str, int]]:
     engines.close()  # two cores: no other engine alongside the server
     port = free_port()
     log_path = tmp_path_factory.mktemp("server") / "server.log"
-    env = {**os.environ, "VLLM_PLUGINS": "specscope"}
+    env = {**os.environ, "VLLM_PLUGINS": "specscope", "SPECSCOPE_PROMETHEUS_PORT": str(free_port())}
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             server_command(str(tiny["target"]), spec_config(tiny, "noise10"), port),
@@ -65,7 +65,7 @@ def server(tiny: Any, engines: Any, tmp_path_factory: Any) -> Iterator[str]:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"server not up: {log_path.read_text()[-3000:]}")
             time.sleep(1)
-        yield url
+        yield url, int(env["SPECSCOPE_PROMETHEUS_PORT"])
     finally:
         proc.terminate()
         try:
@@ -89,7 +89,8 @@ def vllm_metrics(url: str) -> dict[str, float]:
     return out
 
 
-def test_completions_streaming_and_not_are_recorded_with_engine_counts(server: str) -> None:
+def test_completions_streaming_and_not_are_recorded_with_engine_counts(server: tuple[str, int]) -> None:
+    server, specscope_port = server
     body = {"model": None, "max_tokens": 32, "temperature": 0, "ignore_eos": True}
     models = httpx.get(f"{server}/v1/models", timeout=10).json()
     body["model"] = models["data"][0]["id"]
@@ -131,3 +132,9 @@ def test_completions_streaming_and_not_are_recorded_with_engine_counts(server: s
     assert sum(r["accepted_tokens"] for r in recs.values()) == life["accepted"]
     assert snap["engine"]["method"] == "draft_model" and snap["engine"]["num_speculative_tokens"] == 4
     assert snap["health"]["error_count"] == 0
+    # The plugin started specscope's own endpoint from SPECSCOPE_PROMETHEUS_PORT, on 127.0.0.1.
+    families = text_string_to_metric_families(httpx.get(f"http://127.0.0.1:{specscope_port}/metrics", timeout=10).text)
+    ours = {s.name: s.value for fam in families for s in fam.samples}
+    assert ours["specscope_spec_decode_draft_tokens_total"] == c["vllm:spec_decode_num_draft_tokens_total"]
+    assert ours["specscope_spec_decode_accepted_tokens_total"] == c["vllm:spec_decode_num_accepted_tokens_total"]
+    assert ours["specscope_requests_total"] == 4

@@ -1,0 +1,276 @@
+"""The metric catalogue: every metric specscope exports, defined once.
+
+Each :class:`Metric` has its OpenTelemetry name, instrument kind, unit (UCUM), description, attribute keys and
+a reader that takes its values from a :class:`~specscope.model.Snapshot`. The OpenTelemetry instruments, the
+Prometheus collector, the alert rules and the dashboard labels are all generated from :data:`METRICS`; the
+Prometheus name is derived from the OpenTelemetry one by OpenTelemetry's own translation rules
+(:func:`prometheus_name`). Attributes are bounded: engine, model, draft, method, position, state — never a
+request id or any text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+from specscope import model
+from specscope.model import EngineInfo, Histogram, RequestRecord, Snapshot
+
+Kind = Literal["counter", "gauge", "updowncounter", "histogram"]
+Attrs = dict[str, str]
+#: One value of a metric: its attributes and its number (or bucket counts, for a histogram).
+Sample = tuple[Attrs, float | Histogram]
+
+#: Attributes that identify where the numbers come from; on every specscope metric.
+ENGINE_ATTRS = ("engine", "model", "draft_model", "method")
+
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One exported metric."""
+
+    name: str
+    kind: Kind
+    unit: str
+    description: str
+    read: Callable[[Snapshot], Iterator[Sample]]
+    attributes: tuple[str, ...] = ENGINE_ATTRS
+    #: Histograms only: bucket upper bounds, and the value one finished request contributes.
+    buckets: tuple[float, ...] = ()
+    per_request: Callable[[RequestRecord], float | None] | None = None
+
+    @property
+    def prometheus_name(self) -> str:
+        """The name Prometheus sees (OpenTelemetry's translation: dots to underscores, unit, ``_total``)."""
+        return prometheus_name(self.name, self.unit, self.kind)
+
+
+_UNIT_SUFFIX = {"s": "seconds", "By": "bytes", "1": "ratio"}
+
+
+def prometheus_name(name: str, unit: str, kind: Kind) -> str:
+    """OpenTelemetry → Prometheus metric name: ``a.b`` + unit ``s`` → ``a_b_seconds``; counters end ``_total``.
+
+    Units in braces (``{token}``) are annotations and add nothing; ``1`` adds ``_ratio`` to gauges only.
+    """
+    out = name.replace(".", "_")
+    suffix = _UNIT_SUFFIX.get(unit, "" if unit.startswith("{") else unit)
+    if suffix == "ratio" and kind != "gauge":
+        suffix = ""
+    if suffix and not out.endswith(f"_{suffix}"):
+        out = f"{out}_{suffix}"
+    if kind == "counter":
+        out = f"{out}_total"
+    return out
+
+
+def engine_attrs_of(e: EngineInfo) -> Attrs:
+    """The bounded attributes naming the engine and models (empty string where unknown)."""
+    return {"engine": e.engine, "model": e.model or "", "draft_model": e.draft_model or "", "method": e.method or ""}
+
+
+def engine_attrs(snap: Snapshot) -> Attrs:
+    """:func:`engine_attrs_of` the snapshot's engine."""
+    return engine_attrs_of(snap.engine)
+
+
+# ----------------------------------------------------------------------------- readers
+def _one(value: Callable[[Snapshot], float | int | None]) -> Callable[[Snapshot], Iterator[Sample]]:
+    def read(snap: Snapshot) -> Iterator[Sample]:
+        v = value(snap)
+        if v is not None:
+            yield engine_attrs(snap), float(v)
+
+    return read
+
+
+def _per_position(values: Callable[[Snapshot], tuple[float | int, ...] | None]) -> Callable[
+        [Snapshot], Iterator[Sample]]:
+    def read(snap: Snapshot) -> Iterator[Sample]:
+        for i, v in enumerate(values(snap) or ()):
+            yield {**engine_attrs(snap), "position": str(i)}, float(v)
+
+    return read
+
+
+def _states(values: Callable[[Snapshot], dict[str, float | int | None]]) -> Callable[[Snapshot], Iterator[Sample]]:
+    def read(snap: Snapshot) -> Iterator[Sample]:
+        for state, v in values(snap).items():
+            if v is not None:
+                yield {**engine_attrs(snap), "state": state}, float(v)
+
+    return read
+
+
+def _hist(value: Callable[[Snapshot], Histogram | None]) -> Callable[[Snapshot], Iterator[Sample]]:
+    def read(snap: Snapshot) -> Iterator[Sample]:
+        h = value(snap)
+        if h is not None:
+            yield engine_attrs(snap), h
+
+    return read
+
+
+def _genai_hist(value: Callable[[Snapshot], Histogram | None]) -> Callable[[Snapshot], Iterator[Sample]]:
+    def read(snap: Snapshot) -> Iterator[Sample]:
+        h = value(snap)
+        if h is not None:
+            yield genai_attrs_of(snap.engine), h
+
+    return read
+
+
+def genai_attrs_of(e: EngineInfo) -> Attrs:
+    """Required attributes of the GenAI server metrics (and of request spans)."""
+    return {
+        "gen_ai.operation.name": "text_completion",
+        "gen_ai.provider.name": e.engine,
+        "gen_ai.request.model": e.model or "",
+    }
+
+
+GENAI_ATTRS = ("gen_ai.operation.name", "gen_ai.provider.name", "gen_ai.request.model")
+
+
+def _gpu_devices(field: str) -> Callable[[Snapshot], Iterator[Sample]]:
+    def read(snap: Snapshot) -> Iterator[Sample]:
+        for d in snap.gpu.devices:
+            yield {"hw.id": str(d.index), "hw.name": d.name, "hw.type": "gpu"}, float(getattr(d, field))
+
+    return read
+
+
+def _gpu_processes(snap: Snapshot) -> Iterator[Sample]:
+    totals: dict[tuple[int, str], float] = {}
+    for p in snap.gpu.processes:
+        if p.used_bytes is not None:
+            key = (p.device_index, p.role)
+            totals[key] = totals.get(key, 0.0) + p.used_bytes
+    for (device, role), used in sorted(totals.items()):
+        yield {**engine_attrs(snap), "hw.id": str(device), "process.role": role}, used
+
+
+def _allocator(snap: Snapshot) -> Iterator[Sample]:
+    for a in snap.gpu.allocator:
+        for state, v in (("allocated", a.allocated_bytes), ("reserved", a.reserved_bytes),
+                         ("inactive_split", a.inactive_split_bytes)):
+            yield {**engine_attrs(snap), "hw.id": str(a.device_index), "state": state}, float(v)
+
+
+def _errors(snap: Snapshot) -> Iterator[Sample]:
+    for where, n in snap.health.errors:
+        # Listener names carry a qualified function name; the label keeps only the kind of source.
+        yield {"source": "listener" if where.startswith("listener") else where}, float(n)
+
+
+METRICS: tuple[Metric, ...] = (
+    # --- speculative decoding (specscope namespace: OpenTelemetry has no conventions for it)
+    Metric("specscope.spec_decode.drafts", "counter", "{draft}",
+           "Speculative steps verified by the target model.",
+           _one(lambda s: s.lifetime.spec.drafts if s.lifetime.spec else None)),
+    Metric("specscope.spec_decode.draft_tokens", "counter", "{token}",
+           "Tokens proposed by the draft.",
+           _one(lambda s: s.lifetime.spec.draft_tokens if s.lifetime.spec else None)),
+    Metric("specscope.spec_decode.accepted_tokens", "counter", "{token}",
+           "Draft tokens accepted by the target model.",
+           _one(lambda s: s.lifetime.spec.accepted if s.lifetime.spec else None)),
+    Metric("specscope.spec_decode.accepted_tokens_per_position", "counter", "{token}",
+           "Drafts whose first position+1 tokens were all accepted.",
+           _per_position(lambda s: s.lifetime.spec.accepted_per_pos if s.lifetime.spec else None),
+           (*ENGINE_ATTRS, "position")),
+    Metric("specscope.spec_decode.acceptance_rate", "gauge", "1",
+           "Accepted / drafted tokens over the sliding window.",
+           _one(lambda s: s.window.spec.acceptance_rate if s.window.spec else None)),
+    Metric("specscope.spec_decode.alpha", "gauge", "1",
+           "Per-token acceptance probability alpha over the sliding window (maximum likelihood).",
+           _one(lambda s: s.window.spec.alpha if s.window.spec else None)),
+    Metric("specscope.spec_decode.mean_acceptance_length", "gauge", "{token}",
+           "Tokens gained per verify step over the sliding window, bonus token included.",
+           _one(lambda s: s.window.spec.mean_acceptance_length if s.window.spec else None)),
+    Metric("specscope.spec_decode.position_acceptance_rate", "gauge", "1",
+           "Acceptance rate of each draft position over the sliding window.",
+           _per_position(lambda s: s.window.spec.per_position if s.window.spec else None),
+           (*ENGINE_ATTRS, "position")),
+    Metric("specscope.request.acceptance_rate", "histogram", "1",
+           "Acceptance rate of each finished request.",
+           _hist(lambda s: s.request_acceptance_rate),
+           buckets=model.ACCEPTANCE_RATE_BOUNDS, per_request=lambda r: r.acceptance_rate),
+    Metric("specscope.request.acceptance_length", "histogram", "{token}",
+           "Mean acceptance length of each finished request.",
+           _hist(lambda s: s.request_acceptance_length),
+           buckets=model.ACCEPTANCE_LENGTH_BOUNDS, per_request=lambda r: r.mean_acceptance_length),
+    # --- KV cache
+    Metric("specscope.kv_cache.block_usage", "gauge", "1",
+           "KV-cache blocks in use / usable blocks (vLLM's kv_cache_usage).",
+           _one(lambda s: s.kv.block_usage)),
+    Metric("specscope.kv_cache.token_usage", "gauge", "1",
+           "Estimated token slots holding live requests' KV / all token slots.",
+           _one(lambda s: s.kv.token_usage)),
+    Metric("specscope.kv_cache.fragmentation", "gauge", "1",
+           "1 - token slots held / block slots allocated.",
+           _one(lambda s: s.kv.fragmentation)),
+    Metric("specscope.kv_cache.blocks", "updowncounter", "{block}",
+           "KV-cache blocks, used and total.",
+           _states(lambda s: {"used": s.kv.blocks_used, "total": s.kv.num_blocks}),
+           (*ENGINE_ATTRS, "state")),
+    Metric("specscope.engine.preemptions", "counter", "{preemption}",
+           "Requests preempted (KV blocks taken back, to be recomputed).",
+           _one(lambda s: s.lifetime.preemptions)),
+    Metric("specscope.prefix_cache.hit_rate", "gauge", "1",
+           "Prefix-cache hits / queries (tokens) over the sliding window.",
+           _one(lambda s: s.window.prefix_cache_hit_rate)),
+    Metric("specscope.engine.requests", "updowncounter", "{request}",
+           "Requests running and waiting in the engine.",
+           _states(lambda s: {"running": s.running, "waiting": s.waiting}),
+           (*ENGINE_ATTRS, "state")),
+    # --- GPU (OpenTelemetry hardware semantic conventions where they exist)
+    Metric("hw.gpu.memory.usage", "updowncounter", "By", "GPU memory used.",
+           _gpu_devices("used_bytes"), ("hw.id", "hw.name", "hw.type")),
+    Metric("hw.gpu.memory.limit", "updowncounter", "By", "Size of the GPU memory.",
+           _gpu_devices("total_bytes"), ("hw.id", "hw.name", "hw.type")),
+    Metric("specscope.gpu.process.memory.usage", "updowncounter", "By",
+           "GPU memory held by this process and the engine's worker processes.",
+           _gpu_processes, (*ENGINE_ATTRS, "hw.id", "process.role")),
+    Metric("specscope.gpu.allocator.memory", "updowncounter", "By",
+           "torch CUDA caching allocator in this process: allocated, reserved, inactive split.",
+           _allocator, (*ENGINE_ATTRS, "hw.id", "state")),
+    # --- requests (OpenTelemetry GenAI semantic conventions)
+    Metric("gen_ai.server.request.duration", "histogram", "s",
+           "Generative AI server request duration such as time-to-last byte or last output token.",
+           _genai_hist(lambda s: s.request_duration), GENAI_ATTRS,
+           buckets=model.REQUEST_DURATION_BOUNDS, per_request=lambda r: r.e2e_s),
+    Metric("gen_ai.server.time_to_first_token", "histogram", "s",
+           "Time to generate first token for successful responses.",
+           _genai_hist(lambda s: s.time_to_first_token), GENAI_ATTRS,
+           buckets=model.TTFT_BOUNDS, per_request=lambda r: r.ttft_s),
+    Metric("gen_ai.server.time_per_output_token", "histogram", "s",
+           "Time per output token generated after the first token for successful responses.",
+           _genai_hist(lambda s: s.time_per_output_token), GENAI_ATTRS,
+           buckets=model.TPOT_BOUNDS, per_request=lambda r: r.tpot_s or None),
+    Metric("specscope.tokens", "counter", "{token}", "Prompt (input) and generated (output) tokens.",
+           _states(lambda s: {"input": s.lifetime.prompt_tokens, "output": s.lifetime.generation_tokens}),
+           (*ENGINE_ATTRS, "state")),
+    Metric("specscope.requests", "counter", "{request}", "Finished requests.",
+           _one(lambda s: s.lifetime.requests)),
+    # --- specscope's own health
+    Metric("specscope.errors", "counter", "{error}", "Failures of specscope's own code (never raised).",
+           _errors, ("source",)),
+    Metric("specscope.dropped_records", "counter", "{record}",
+           "Finished-request records dropped because consumers fell behind.",
+           lambda s: iter([({}, float(s.health.dropped_records))]), ()),
+)
+
+BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
+BY_PROMETHEUS_NAME: dict[str, Metric] = {m.prometheus_name: m for m in METRICS}
+
+
+def markdown_table() -> str:
+    """The catalogue as the Markdown table in docs/metrics.md (a test keeps the two equal)."""
+    rows = ["| OpenTelemetry name | Prometheus name | kind | unit | attributes | description |",
+            "|---|---|---|---|---|---|"]
+    for m in METRICS:
+        attrs = ", ".join(f"`{a}`" for a in m.attributes) or "-"
+        rows.append(f"| `{m.name}` | `{m.prometheus_name}` | {m.kind} | `{m.unit}` | {attrs} | {m.description} |")
+    return "\n".join(rows) + "\n"

@@ -1,0 +1,80 @@
+"""specscope's HTTP endpoint: ``/metrics`` for Prometheus and ``/snapshot`` (JSON) for the dashboard.
+
+Binds 127.0.0.1 unless told otherwise. Serves from a daemon thread; every request reads one fresh snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+from specscope.model import Snapshot
+from specscope.prometheus_export import SnapshotCollector
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 9464
+
+
+class EndpointError(RuntimeError):
+    """The endpoint cannot start (the message is one line, fit for the user)."""
+
+
+class Endpoint:
+    """A running endpoint; :meth:`close` stops it."""
+
+    def __init__(self, source: Callable[[], Snapshot], host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(SnapshotCollector(source))
+        handler = type("Handler", (_Handler,), {"registry": registry, "source": staticmethod(source)})
+        try:
+            self._server = ThreadingHTTPServer((host, port), handler)
+        except OSError as exc:
+            reason = "address in use" if exc.errno == 98 else (exc.strerror or str(exc))
+            raise EndpointError(f"cannot listen on {host}:{port}: {reason}") from None
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="specscope-endpoint", daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:9464``."""
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def close(self) -> None:
+        """Stop serving and release the port."""
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    registry: CollectorRegistry
+    source: Callable[[], Snapshot]
+
+    def do_GET(self) -> None:  # http.server calls do_<METHOD>
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+            self._send(200, content_type, encoder(self.registry))
+        elif path == "/snapshot":
+            self._send(200, "application/json", json.dumps(self.source().to_dict()).encode())
+        elif path == "/":
+            self._send(200, "text/plain; charset=utf-8", b"specscope: /metrics (Prometheus), /snapshot (JSON)\n")
+        else:
+            self._send(404, "text/plain; charset=utf-8", b"not found\n")
+
+    def _send(self, status: int, content_type: str, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: scrapes are not worth a log line each."""

@@ -1,0 +1,85 @@
+"""Starting specscope's exports for a hub: the Prometheus/JSON endpoint and OTLP, from arguments or the environment.
+
+``vllm serve`` users configure it with environment variables (the stat-logger plugin calls :func:`from_env`):
+
+- ``SPECSCOPE_PROMETHEUS_PORT`` (and ``SPECSCOPE_PROMETHEUS_HOST``, default 127.0.0.1): serve ``/metrics`` and
+  ``/snapshot``;
+- ``SPECSCOPE_OTLP=1``: export over OTLP, configured by the standard ``OTEL_*`` variables.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+from specscope.endpoint import DEFAULT_HOST, Endpoint, EndpointError
+from specscope.hub import Hub
+from specscope.otel_export import OtelConfig, OtelConfigError, OtelExporter, resolve_config
+
+log = logging.getLogger("specscope")
+
+
+class ExportConfigError(ValueError):
+    """Bad export configuration (one line, fit for the user)."""
+
+
+@dataclass
+class Exports:
+    """Running exports; :meth:`close` stops them."""
+
+    endpoint: Endpoint | None = None
+    otel: OtelExporter | None = None
+    problems: list[str] = field(default_factory=list)
+
+    def close(self) -> None:
+        """Stop serving and flush OTLP."""
+        if self.endpoint is not None:
+            self.endpoint.close()
+        if self.otel is not None:
+            self.otel.shutdown()
+
+
+def start(hub: Hub, *, prometheus_port: int | None = None, prometheus_host: str = DEFAULT_HOST,
+          otlp: bool | OtelConfig = False) -> Exports:
+    """Start the endpoint (when a port is given) and OTLP export (``True``: from ``OTEL_*``); raise on bad config."""
+    config = None
+    if otlp:
+        try:
+            config = otlp if isinstance(otlp, OtelConfig) else resolve_config()
+        except OtelConfigError as exc:
+            raise ExportConfigError(str(exc)) from None
+    exports = Exports()
+    if prometheus_port is not None:
+        try:
+            exports.endpoint = Endpoint(hub.snapshot, prometheus_host, prometheus_port)
+        except EndpointError as exc:
+            raise ExportConfigError(str(exc)) from None
+    if config is not None:
+        exports.otel = OtelExporter(hub, config)
+    return exports
+
+
+def settings_from_env(env: dict[str, str] | None = None) -> tuple[int | None, str, bool]:
+    """``(prometheus port, host, otlp on)`` from the ``SPECSCOPE_*`` variables; raises on bad values."""
+    env = dict(os.environ) if env is None else env
+    raw = env.get("SPECSCOPE_PROMETHEUS_PORT", "").strip()
+    port = None
+    if raw:
+        if not raw.isdigit() or not 0 <= int(raw) < 65536:
+            raise ExportConfigError(f"SPECSCOPE_PROMETHEUS_PORT must be a port number, got {raw!r}")
+        port = int(raw)
+    host = env.get("SPECSCOPE_PROMETHEUS_HOST", DEFAULT_HOST).strip() or DEFAULT_HOST
+    otlp = env.get("SPECSCOPE_OTLP", "").strip().lower() in ("1", "true", "yes", "on")
+    return port, host, otlp
+
+
+def from_env(hub: Hub, env: dict[str, str] | None = None) -> Exports:
+    """Start what the environment asks for; a bad setting is logged in one line and skipped, never raised."""
+    try:
+        port, host, otlp = settings_from_env(env)
+        return start(hub, prometheus_port=port, prometheus_host=host, otlp=otlp)
+    except ExportConfigError as exc:
+        log.error("specscope: export not started: %s", exc)
+        hub.count_error("export config", exc)
+        return Exports(problems=[str(exc)])

@@ -1,0 +1,73 @@
+"""deploy/: generated or checked against the catalogue; Prometheus' own tools accept the files."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from specscope import catalogue
+from specscope.dashboards import render
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+PROM_NAMES = {m.prometheus_name for m in catalogue.METRICS}
+HIST_NAMES = {m.prometheus_name for m in catalogue.METRICS if m.kind == "histogram"}
+
+
+def series_names(expr: str) -> set[str]:
+    """Identifiers in a PromQL expression that look like our metric names."""
+    return set(re.findall(r"\b((?:specscope|gen_ai|hw)_[a-z0-9_]+)", expr))
+
+
+def test_grafana_dashboard_is_generated_and_names_only_existing_metrics() -> None:
+    path = DEPLOY / "grafana" / "specscope-dashboard.json"
+    assert path.read_text() == render(), "run: specscope dashboard > deploy/grafana/specscope-dashboard.json"
+    board = json.loads(path.read_text())
+    names: set[str] = set()
+    for panel in board["panels"]:
+        for target in panel["targets"]:
+            names |= series_names(target["expr"])
+    names |= series_names(board["templating"]["list"][1]["query"])
+    assert names
+    for name in names:
+        base = re.sub(r"_(bucket|count|sum)$", "", name)
+        assert name in PROM_NAMES or base in HIST_NAMES, name
+    # The acceptance panel shows the weak-draft threshold.
+    acceptance = next(p for p in board["panels"] if p["title"].startswith("Acceptance rate"))
+    assert acceptance["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"] == 0.3
+
+
+def test_otel_collector_config_is_consistent_with_the_catalogue() -> None:
+    config = yaml.safe_load((DEPLOY / "otel-collector" / "config.yaml").read_text())
+    for pipeline in config["service"]["pipelines"].values():
+        for section in ("receivers", "processors", "exporters"):
+            for component in pipeline[section]:
+                assert component in config[section], component
+    assert config["receivers"]["otlp"]["protocols"]["http"]["endpoint"].startswith("127.0.0.1:")
+    patterns = config["processors"]["filter/specscope"]["metrics"]["include"]["metric_names"]
+    for m in catalogue.METRICS:  # the filter keeps every catalogue metric
+        assert any(re.fullmatch(p, m.name) for p in patterns), m.name
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="Debian's prometheus not installed")
+def test_prometheus_scrape_config_is_valid() -> None:
+    r = subprocess.run(["promtool", "check", "config", str(DEPLOY / "prometheus" / "prometheus.yml")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    jobs = {j["job_name"]: j for j in config["scrape_configs"]}
+    assert jobs["specscope"]["static_configs"][0]["targets"] == ["127.0.0.1:9464"]
+    relabel = jobs["vllm"]["metric_relabel_configs"][0]
+    assert re.sub(relabel["regex"], relabel["replacement"].replace("$1", r"\1"),
+                  "vllm_spec_decode_num_drafts_total") == "vllm:spec_decode_num_drafts_total"
+
+
+def test_metrics_reference_is_generated_from_the_catalogue() -> None:
+    text = (DEPLOY.parent / "docs" / "metrics.md").read_text()
+    assert text.endswith(catalogue.markdown_table()), "run: specscope metrics (see docs/metrics.md's header)"
+    assert len(set(PROM_NAMES)) == len(catalogue.METRICS)  # no two metrics share a Prometheus name
