@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from specscope import model
 from specscope.model import EngineInfo, Histogram, RequestRecord, Snapshot
@@ -77,6 +77,16 @@ def engine_attrs(snap: Snapshot) -> Attrs:
 
 
 # ----------------------------------------------------------------------------- readers
+def _spec_value(interval: str, field: str) -> Callable[[Snapshot], Any]:
+    """Read ``field`` of the lifetime or window speculative counts; None without speculation."""
+
+    def get(snap: Snapshot) -> Any:
+        spec = getattr(snap, interval).spec
+        return getattr(spec, field) if spec is not None else None
+
+    return get
+
+
 def _one(value: Callable[[Snapshot], float | int | None]) -> Callable[[Snapshot], Iterator[Sample]]:
     def read(snap: Snapshot) -> Iterator[Sample]:
         v = value(snap)
@@ -169,29 +179,29 @@ METRICS: tuple[Metric, ...] = (
     # --- speculative decoding (specscope namespace: OpenTelemetry has no conventions for it)
     Metric("specscope.spec_decode.drafts", "counter", "{draft}",
            "Speculative steps verified by the target model.",
-           _one(lambda s: s.lifetime.spec.drafts if s.lifetime.spec else None)),
+           _one(_spec_value("lifetime", "drafts"))),
     Metric("specscope.spec_decode.draft_tokens", "counter", "{token}",
            "Tokens proposed by the draft.",
-           _one(lambda s: s.lifetime.spec.draft_tokens if s.lifetime.spec else None)),
+           _one(_spec_value("lifetime", "draft_tokens"))),
     Metric("specscope.spec_decode.accepted_tokens", "counter", "{token}",
            "Draft tokens accepted by the target model.",
-           _one(lambda s: s.lifetime.spec.accepted if s.lifetime.spec else None)),
+           _one(_spec_value("lifetime", "accepted"))),
     Metric("specscope.spec_decode.accepted_tokens_per_position", "counter", "{token}",
            "Drafts whose first position+1 tokens were all accepted.",
-           _per_position(lambda s: s.lifetime.spec.accepted_per_pos if s.lifetime.spec else None),
+           _per_position(_spec_value("lifetime", "accepted_per_pos")),
            (*ENGINE_ATTRS, "position")),
     Metric("specscope.spec_decode.acceptance_rate", "gauge", "1",
            "Accepted / drafted tokens over the sliding window.",
-           _one(lambda s: s.window.spec.acceptance_rate if s.window.spec else None)),
+           _one(_spec_value("window", "acceptance_rate"))),
     Metric("specscope.spec_decode.alpha", "gauge", "1",
            "Per-token acceptance probability alpha over the sliding window (maximum likelihood).",
-           _one(lambda s: s.window.spec.alpha if s.window.spec else None)),
+           _one(_spec_value("window", "alpha"))),
     Metric("specscope.spec_decode.mean_acceptance_length", "gauge", "{token}",
            "Tokens gained per verify step over the sliding window, bonus token included.",
-           _one(lambda s: s.window.spec.mean_acceptance_length if s.window.spec else None)),
+           _one(_spec_value("window", "mean_acceptance_length"))),
     Metric("specscope.spec_decode.position_acceptance_rate", "gauge", "1",
            "Acceptance rate of each draft position over the sliding window.",
-           _per_position(lambda s: s.window.spec.per_position if s.window.spec else None),
+           _per_position(_spec_value("window", "per_position")),
            (*ENGINE_ATTRS, "position")),
     Metric("specscope.request.acceptance_rate", "histogram", "1",
            "Acceptance rate of each finished request.",
@@ -201,6 +211,11 @@ METRICS: tuple[Metric, ...] = (
            "Mean acceptance length of each finished request.",
            _hist(lambda s: s.request_acceptance_length),
            buckets=model.ACCEPTANCE_LENGTH_BOUNDS, per_request=lambda r: r.mean_acceptance_length),
+    Metric("specscope.tokenizer.mismatch", "gauge", "1",
+           "1 when the start-up check found the draft's tokenizer maps tokens to other ids than the target's.",
+           _states(lambda s: {s.tokenizer.verdict: 1.0 if s.tokenizer.verdict == "mismatch" else 0.0}
+                   if s.tokenizer else {}),
+           (*ENGINE_ATTRS, "state")),
     # --- KV cache
     Metric("specscope.kv_cache.block_usage", "gauge", "1",
            "KV-cache blocks in use / usable blocks (vLLM's kv_cache_usage).",

@@ -31,7 +31,7 @@ class _Parser(argparse.ArgumentParser):
     """Bad input: one clear line on stderr and exit code 2 (no usage dump)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(2, f"specscope: error: {message} (see {self.prog} --help)\n")
 
 
 def _check_export(args: argparse.Namespace) -> int:
@@ -75,6 +75,18 @@ def _metrics(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_tokenizers(args: argparse.Namespace) -> int:
+    from specscope.tokenizer_check import TokenizerCheckError, compare, render
+
+    try:
+        report = compare(args.target, args.draft)
+    except TokenizerCheckError as exc:
+        print(f"specscope: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(report.to_dict(), indent=2) if args.json else render(report))
+    return 1 if report.verdict == "mismatch" else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``specscope`` argument parser."""
     parser = _Parser(prog="specscope", description="Observability for speculative decoding in vLLM.")
@@ -94,6 +106,20 @@ def build_parser() -> argparse.ArgumentParser:
     dash.set_defaults(func=_dashboard)
     metrics = sub.add_parser("metrics", help="print the metric catalogue as a Markdown table (docs/metrics.md)")
     metrics.set_defaults(func=_metrics)
+    tok = sub.add_parser(
+        "check-tokenizers",
+        help="compare a target's and a draft's tokenizers (local files only)",
+        description="Compare the tokenizers of a target and a draft model: vocabulary, token ids, special and "
+        "added tokens, normalizer/pre-tokenizer/decoder, and the ids of a probe corpus. Local directories or "
+        "names already in the local Hugging Face cache; nothing is downloaded.",
+        epilog="exit status, as diff(1): 0 identical or compatible (same ids; differences, if any, are cosmetic), "
+        "1 mismatch (the draft would propose ids that mean other tokens), 2 trouble (a tokenizer could not be "
+        "loaded, bad arguments).",
+    )
+    tok.add_argument("target", help="target model directory or cached model name")
+    tok.add_argument("draft", help="draft model directory or cached model name")
+    tok.add_argument("--json", action="store_true", help="print the full report as JSON")
+    tok.set_defaults(func=_check_tokenizers)
     return parser
 
 

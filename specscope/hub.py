@@ -32,6 +32,7 @@ from specscope.model import (
     RequestRecord,
     Snapshot,
     SpecCounts,
+    TokenizerStatus,
     Totals,
 )
 
@@ -274,6 +275,7 @@ class Hub:
         self._started = clock()
         self._window_start = self._started
         self._engine = EngineInfo()
+        self._tokenizer: TokenizerStatus | None = None
         self._life = _Acc()
         self._running: int | None = None
         self._waiting: int | None = None
@@ -324,6 +326,11 @@ class Hub:
         """Say which engine and models the numbers come from."""
         with self._lock:
             self._engine = info
+
+    def set_tokenizer_status(self, status: TokenizerStatus) -> None:
+        """Record the verdict of the start-up tokenizer check."""
+        with self._lock:
+            self._tokenizer = status
 
     @property
     def engine(self) -> EngineInfo:
@@ -455,6 +462,7 @@ class Hub:
                 request_duration=self._e2e_hist.freeze(),
                 time_to_first_token=self._ttft_hist.freeze(),
                 time_per_output_token=self._tpot_hist.freeze(),
+                tokenizer=self._tokenizer,
                 health=Health(
                     errors=tuple(sorted(self._errors.items())),
                     dropped_records=self._dropped,

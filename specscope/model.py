@@ -266,6 +266,14 @@ class EngineInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenizerStatus:
+    """Verdict of the start-up tokenizer check (see :mod:`specscope.tokenizer_check`)."""
+
+    verdict: str
+    reasons: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Health:
     """specscope's own health: failures are counted here, never raised into the engine."""
 
@@ -299,6 +307,7 @@ class Snapshot:
     request_duration: Histogram | None = None
     time_to_first_token: Histogram | None = None
     time_per_output_token: Histogram | None = None
+    tokenizer: TokenizerStatus | None = None
     health: Health = field(default_factory=Health)
 
     @property

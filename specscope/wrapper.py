@@ -104,13 +104,40 @@ def _wants_speculation(kwargs: dict[str, Any]) -> bool:
     return bool(kwargs.get("speculative_config") or kwargs.get("spec_method") or kwargs.get("spec_model"))
 
 
+def check_tokenizers(target: str, spec: Any, hub: Hub) -> None:
+    """Before a draft-model engine starts: compare the tokenizers, log a mismatch, record the verdict."""
+    import logging
+
+    from specscope.model import TokenizerStatus
+    from specscope.tokenizer_check import TokenizerCheckError, compare
+
+    log = logging.getLogger("specscope")
+    if not isinstance(spec, dict) or spec.get("method", "draft_model") != "draft_model" or not spec.get("model"):
+        return
+    try:
+        report = compare(target, str(spec["model"]))
+    except TokenizerCheckError as exc:
+        log.info("specscope: tokenizer check skipped: %s", exc)
+        return
+    except Exception as exc:
+        hub.count_error("tokenizer check", exc)
+        return
+    hub.set_tokenizer_status(TokenizerStatus(report.verdict, tuple(report.reasons)))
+    if report.verdict == "mismatch":
+        log.warning("specscope: the draft's tokenizer does not match the target's; the draft will propose ids "
+                    "that mean other tokens: %s", "; ".join(report.reasons))
+
+
 class LLM(vllm.LLM):
     """``vllm.LLM`` that records per-request acceptance, KV-cache and GPU memory into a hub.
 
-    Takes every ``vllm.LLM`` argument, plus ``specscope_hub`` (default: the process-wide hub).
+    Takes every ``vllm.LLM`` argument, plus ``specscope_hub`` (default: the process-wide hub). For draft-model
+    speculation the two tokenizers are compared first (:mod:`specscope.tokenizer_check`).
     """
 
     def __init__(self, model: str, *, specscope_hub: Hub | None = None, **kwargs: Any) -> None:
+        check_tokenizers(kwargs.get("tokenizer") or model, kwargs.get("speculative_config"),
+                         specscope_hub or default_hub())
         keep_vllm_loggers = kwargs.get("disable_log_stats") is False
         kwargs["disable_log_stats"] = False
         if _wants_speculation(kwargs) and kwargs.get("per_request_spec_decode_metrics") is None:
