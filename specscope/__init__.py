@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from specscope._version import __version__
+from specscope.alerts import start as start_alerts
 from specscope.exports import start as start_exports
 from specscope.hub import Hub, default_hub
 from specscope.model import Snapshot
@@ -21,6 +22,7 @@ __all__ = [
     "__version__",
     "default_hub",
     "instrument",
+    "start_alerts",
     "start_exports",
     "uninstrument",
 ]

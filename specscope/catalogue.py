@@ -87,6 +87,13 @@ def _spec_value(interval: str, field: str) -> Callable[[Snapshot], Any]:
     return get
 
 
+def _speedup(snap: Snapshot, field: str) -> float | None:
+    from specscope.diagnostics import estimate
+
+    est = estimate(snap)
+    return None if est is None else float(getattr(est, field))
+
+
 def _one(value: Callable[[Snapshot], float | int | None]) -> Callable[[Snapshot], Iterator[Sample]]:
     def read(snap: Snapshot) -> Iterator[Sample]:
         v = value(snap)
@@ -216,6 +223,12 @@ METRICS: tuple[Metric, ...] = (
            _states(lambda s: {s.tokenizer.verdict: 1.0 if s.tokenizer.verdict == "mismatch" else 0.0}
                    if s.tokenizer else {}),
            (*ENGINE_ATTRS, "state")),
+    Metric("specscope.spec_decode.expected_speedup", "gauge", "1",
+           "Expected speedup over no speculation (Leviathan et al.) from the window's alpha, K and cost ratio c.",
+           _one(lambda s: _speedup(s, "expected_speedup"))),
+    Metric("specscope.spec_decode.recommended_k", "gauge", "{token}",
+           "The number of speculative tokens that maximises the expected speedup.",
+           _one(lambda s: _speedup(s, "best_k"))),
     # --- KV cache
     Metric("specscope.kv_cache.block_usage", "gauge", "1",
            "KV-cache blocks in use / usable blocks (vLLM's kv_cache_usage).",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from specscope._version import __version__
 
@@ -87,6 +87,35 @@ def _check_tokenizers(args: argparse.Namespace) -> int:
     return 1 if report.verdict == "mismatch" else 0
 
 
+def _thresholds(args: argparse.Namespace) -> Any:
+    from specscope.alerts.rules import Thresholds, load_thresholds
+
+    t = load_thresholds(args.thresholds) if args.thresholds else Thresholds()
+    pairs = {}
+    for item in args.set or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set takes name=value, got {item!r}")
+        try:
+            pairs[key.strip()] = float(value)
+        except ValueError:
+            raise ValueError(f"--set {key.strip()}: {value!r} is not a number") from None
+    return t.updated(pairs) if pairs else t
+
+
+def _rules(args: argparse.Namespace) -> int:
+    from specscope.alerts.prometheus_rules import render
+    from specscope.alerts.rules import RuleConfigError
+
+    try:
+        thresholds = _thresholds(args)
+    except (RuleConfigError, ValueError) as exc:
+        print(f"specscope: error: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.write(render(thresholds, vllm_only=args.vllm))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``specscope`` argument parser."""
     parser = _Parser(prog="specscope", description="Observability for speculative decoding in vLLM.")
@@ -120,6 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     tok.add_argument("draft", help="draft model directory or cached model name")
     tok.add_argument("--json", action="store_true", help="print the full report as JSON")
     tok.set_defaults(func=_check_tokenizers)
+    rules = sub.add_parser("rules", help="print the alert rules as Prometheus alerting rules (deploy/prometheus/)")
+    rules.add_argument("--vllm", action="store_true", help="the variant over raw vllm:* metrics")
+    rules.add_argument("--thresholds", help="JSON or YAML file of threshold overrides")
+    rules.add_argument("--set", action="append", metavar="NAME=VALUE", help="override one threshold")
+    rules.set_defaults(func=_rules)
     return parser
 
 

@@ -84,6 +84,10 @@ def grafana_dashboard() -> dict[str, Any]:
                0, 32),
         _panel(14, "specscope health: errors / s",
                [(f"rate({_p('specscope.errors')}[$__rate_interval])", "{{source}}")], "short", 8, 32),
+        _panel(15, "Expected speedup and recommended K",
+               [(_p("specscope.spec_decode.expected_speedup") + _SEL, "expected speedup"),
+                (_p("specscope.spec_decode.recommended_k") + _SEL, "recommended K")], "none", 16, 32,
+               thresholds=[{"color": "red", "value": None}, {"color": "green", "value": 1.0}]),
     ]
     return {
         "title": "specscope: speculative decoding",

@@ -4,7 +4,10 @@
 
 - ``SPECSCOPE_PROMETHEUS_PORT`` (and ``SPECSCOPE_PROMETHEUS_HOST``, default 127.0.0.1): serve ``/metrics`` and
   ``/snapshot``;
-- ``SPECSCOPE_OTLP=1``: export over OTLP, configured by the standard ``OTEL_*`` variables.
+- ``SPECSCOPE_OTLP=1``: export over OTLP, configured by the standard ``OTEL_*`` variables;
+- ``SPECSCOPE_ALERTS=1``: evaluate the alert rules in-process and log transitions; ``SPECSCOPE_ALERTS_JSONL``
+  (a file) and ``SPECSCOPE_ALERTMANAGER_URL`` add notifiers, ``SPECSCOPE_ALERT_THRESHOLDS`` (a JSON or YAML
+  file) changes thresholds.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 from specscope.endpoint import DEFAULT_HOST, Endpoint, EndpointError
 from specscope.hub import Hub
@@ -30,10 +34,13 @@ class Exports:
 
     endpoint: Endpoint | None = None
     otel: OtelExporter | None = None
+    alerts: Any = None
     problems: list[str] = field(default_factory=list)
 
     def close(self) -> None:
-        """Stop serving and flush OTLP."""
+        """Stop serving, stop evaluating alerts, flush OTLP."""
+        if self.alerts is not None:
+            self.alerts.stop()
         if self.endpoint is not None:
             self.endpoint.close()
         if self.otel is not None:
@@ -76,9 +83,25 @@ def settings_from_env(env: dict[str, str] | None = None) -> tuple[int | None, st
 
 def from_env(hub: Hub, env: dict[str, str] | None = None) -> Exports:
     """Start what the environment asks for; a bad setting is logged in one line and skipped, never raised."""
+    env = dict(os.environ) if env is None else env
     try:
         port, host, otlp = settings_from_env(env)
-        return start(hub, prometheus_port=port, prometheus_host=host, otlp=otlp)
+        want_alerts = env.get("SPECSCOPE_ALERTS", "").strip().lower() in ("1", "true", "yes", "on")
+        thresholds = None
+        if want_alerts and env.get("SPECSCOPE_ALERT_THRESHOLDS"):
+            from specscope.alerts.rules import RuleConfigError, load_thresholds
+
+            try:
+                thresholds = load_thresholds(env["SPECSCOPE_ALERT_THRESHOLDS"])
+            except RuleConfigError as exc:
+                raise ExportConfigError(str(exc)) from None
+        exports = start(hub, prometheus_port=port, prometheus_host=host, otlp=otlp)
+        if want_alerts:
+            from specscope import alerts
+
+            exports.alerts = alerts.start(hub, thresholds, jsonl=env.get("SPECSCOPE_ALERTS_JSONL") or None,
+                                          alertmanager=env.get("SPECSCOPE_ALERTMANAGER_URL") or None)
+        return exports
     except ExportConfigError as exc:
         log.error("specscope: export not started: %s", exc)
         hub.count_error("export config", exc)

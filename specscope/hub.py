@@ -24,6 +24,7 @@ from specscope.model import (
     REQUEST_DURATION_BOUNDS,
     TPOT_BOUNDS,
     TTFT_BOUNDS,
+    CostRatio,
     EngineInfo,
     GpuMemory,
     Health,
@@ -276,6 +277,7 @@ class Hub:
         self._window_start = self._started
         self._engine = EngineInfo()
         self._tokenizer: TokenizerStatus | None = None
+        self._cost_ratio: CostRatio | None = None
         self._life = _Acc()
         self._running: int | None = None
         self._waiting: int | None = None
@@ -331,6 +333,11 @@ class Hub:
         """Record the verdict of the start-up tokenizer check."""
         with self._lock:
             self._tokenizer = status
+
+    def set_cost_ratio(self, cost: CostRatio | None) -> None:
+        """Record c, the draft/target step-cost ratio the speedup estimate uses."""
+        with self._lock:
+            self._cost_ratio = cost
 
     @property
     def engine(self) -> EngineInfo:
@@ -463,6 +470,7 @@ class Hub:
                 time_to_first_token=self._ttft_hist.freeze(),
                 time_per_output_token=self._tpot_hist.freeze(),
                 tokenizer=self._tokenizer,
+                cost_ratio=self._cost_ratio,
                 health=Health(
                     errors=tuple(sorted(self._errors.items())),
                     dropped_records=self._dropped,

@@ -266,6 +266,14 @@ class EngineInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class CostRatio:
+    """c = draft step time / target step time, and where the number comes from."""
+
+    value: float
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
 class TokenizerStatus:
     """Verdict of the start-up tokenizer check (see :mod:`specscope.tokenizer_check`)."""
 
@@ -308,6 +316,7 @@ class Snapshot:
     time_to_first_token: Histogram | None = None
     time_per_output_token: Histogram | None = None
     tokenizer: TokenizerStatus | None = None
+    cost_ratio: CostRatio | None = None
     health: Health = field(default_factory=Health)
 
     @property

@@ -58,3 +58,39 @@ def test_check_export_good_and_bad_configuration() -> None:
             assert r.returncode == 2, (args, r.stdout, r.stderr)
             assert r.stderr.strip() == f"specscope: error: {message}" or (
                 r.stderr.startswith("specscope: error: ") and message in r.stderr and r.stderr.count("\n") == 1)
+
+
+def test_exports_from_env_start_what_is_asked_and_skip_bad_settings(tmp_path: Path) -> None:
+    from specscope import exports
+    from specscope.hub import Hub
+    from specscope.model import TokenizerStatus
+
+    hub = Hub()
+    hub.set_tokenizer_status(TokenizerStatus("mismatch"))
+    jsonl = tmp_path / "alerts.jsonl"
+    started = exports.from_env(hub, {"SPECSCOPE_PROMETHEUS_PORT": "0", "SPECSCOPE_ALERTS": "1",
+                                     "SPECSCOPE_ALERTS_JSONL": str(jsonl)})
+    try:
+        assert started.endpoint is not None and started.alerts is not None and started.otel is None
+        started.alerts.evaluator.evaluate()
+        assert json.loads(jsonl.read_text().splitlines()[0])["rule"] == "SpecscopeTokenizerMismatch"
+    finally:
+        started.close()
+    (tmp_path / "bad.json").write_text('{"fragmentation": 7}')
+    skipped = exports.from_env(hub, {"SPECSCOPE_PROMETHEUS_PORT": "0", "SPECSCOPE_ALERTS": "1",
+                                     "SPECSCOPE_ALERT_THRESHOLDS": str(tmp_path / "bad.json")})
+    assert skipped.endpoint is None and skipped.alerts is None  # nothing half-started
+    assert "fraction between 0 and 1" in skipped.problems[0]
+    assert dict(hub.snapshot().health.errors)["export config"] == 1
+
+
+def test_rules_command_bad_thresholds_are_one_line_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "t.json").write_text('{"kv_usage": "high"}')
+    for args in (["--thresholds", str(tmp_path / "t.json")], ["--set", "weak_draft_acceptance=x"],
+                 ["--set", "nonsense=0.1"], ["--thresholds", str(tmp_path / "missing.yml")]):
+        r = subprocess.run([sys.executable, "-m", "specscope.cli", "rules", *args], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 2 and r.stderr.startswith("specscope: error: ") and r.stderr.count("\n") == 1, args
+    r = subprocess.run([sys.executable, "-m", "specscope.cli", "rules", "--set", "weak_draft_acceptance=0.4"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "specscope_spec_decode_acceptance_rate_ratio < 0.4" in r.stdout

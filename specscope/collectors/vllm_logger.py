@@ -30,7 +30,13 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
         self.vllm_config = vllm_config
         self.engine_indexes = list(engine_indexes or [0])
         try:
-            self.target.set_engine(vllm_reader.engine_info(vllm_config))
+            info = vllm_reader.engine_info(vllm_config)
+            self.target.set_engine(info)
+            if info.model:
+                from specscope.diagnostics import cost_ratio_from_models
+
+                self.target.set_cost_ratio(cost_ratio_from_models(
+                    getattr(vllm_config.model_config, "model", info.model), info.draft_model, info.method))
             obs = getattr(vllm_config, "observability_config", None)
             if (
                 getattr(vllm_config, "speculative_config", None) is not None

@@ -62,12 +62,25 @@ def test_token_usage_estimate_within_5_points_of_the_block_manager(inproc: Any) 
     prompts = [" ".join(rng.choices(words, k=rng.randint(1, 100))) for _ in range(12)]
     lengths = [len(tok.encode(p)) for p in prompts]
     assert max(lengths) > 5 * min(lengths) and max(lengths) > 150, lengths
+    from specscope.alerts.evaluate import Evaluator
+    from specscope.alerts.rules import BY_RULE, Thresholds
+
+    rule = BY_RULE["SpecscopeKVCacheFragmentation"]
+    evaluators = {level: Evaluator(hub, rules=[rule], thresholds=Thresholds(
+        fragmentation=level, fragmentation_for_s=0, keep_firing_for_s=0)) for level in (0.15, 0.95)}
+    fired = dict.fromkeys(evaluators, False)
     llm.enqueue(prompts, greedy(96), use_tqdm=False)
     engine = llm.llm_engine
     rows = []
     while engine.has_unfinished_requests():
         engine.step()
-        kv = hub.snapshot().kv
+        snap = hub.snapshot()
+        kv = snap.kv
+        for level, ev in evaluators.items():
+            ev.evaluate(snap)
+            firing = any(a.state == "firing" for a in ev.active())
+            assert firing == (kv.fragmentation is not None and kv.fragmentation > level), (level, kv.fragmentation)
+            fired[level] |= firing
         true_tokens, true_blocks, running = truth(llm)
         if running:
             rows.append((kv.token_usage, true_tokens, kv.block_usage, true_blocks, kv.fragmentation))
@@ -82,5 +95,6 @@ def test_token_usage_estimate_within_5_points_of_the_block_manager(inproc: Any) 
     assert max(frag) > 0.1
     for f, t in zip(frag, true_frag, strict=True):
         assert abs(f - t) <= 0.1
+    assert fired == {0.15: True, 0.95: False}  # the alert fires above its threshold only
     snap = hub.snapshot()
     assert snap.kv.tokens_held == 0 and snap.kv.block_usage == 0.0

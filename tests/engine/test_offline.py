@@ -18,7 +18,9 @@ PROMPTS = tiny_models.prompts(12, seed=3)
 MAX_TOKENS = 48
 
 #: draft -> (lowest, highest) accepted/drafted expected with greedy decoding, K=4.
-BANDS = {"copy": (0.9, 1.0), "noise10": (0.1, 0.4), "independent": (0.0, 0.05), "ngram": (0.05, 1.0)}
+BANDS = {"copy": (0.9, 1.0), "noise2": (0.5, 0.9), "noise10": (0.1, 0.4), "independent": (0.0, 0.05),
+         "ngram": (0.05, 1.0)}
+ALERT_WINDOW_S = 4.0
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +33,7 @@ def baseline(tiny: Any, engines: Any) -> list[list[int]]:
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
-@pytest.fixture(scope="module", params=["none", "copy", "noise10", "independent", "ngram"])
+@pytest.fixture(scope="module", params=["none", "copy", "noise2", "noise10", "independent", "ngram"])
 def run(request: Any, tiny: Any, engines: Any, baseline: Any) -> tuple[Any, Hub, list[Any]]:
     """A specscope.LLM for one draft configuration, after one generate() call over PROMPTS."""
     import specscope
@@ -192,3 +194,34 @@ def test_chat_is_recorded_like_generate(run: Any) -> None:
     assert snap.lifetime.requests == before + 1
     rec = next(r for r in snap.requests if r.request_id == outs[0].request_id)
     assert rec.generation_tokens == 16 and rec.draft_tokens and rec.acceptance_rate >= 0.9
+
+
+@pytest.mark.parametrize("run", ["copy", "noise2", "noise10", "independent"], indirect=True)
+def test_weak_draft_alert_fires_for_weak_drafts_only(run: Any) -> None:
+    """10% noise and independent drafts fire within the first full window; copy and 2% noise never do."""
+    import specscope
+    from specscope.alerts.evaluate import Evaluator
+    from specscope.alerts.rules import BY_RULE, Thresholds
+
+    llm, hub, _ = run
+    weak = hub.engine.draft_model.rsplit("/", 1)[-1] in ("noise10", "independent")
+    alert_hub = specscope.Hub(window_s=ALERT_WINDOW_S)
+    specscope.instrument(llm, alert_hub)  # re-instrument onto a short-window hub
+    try:
+        ev = Evaluator(alert_hub, rules=[BY_RULE["SpecscopeWeakDraft"]],
+                       thresholds=Thresholds(window_s=ALERT_WINDOW_S, weak_draft_for_s=0))
+        start = time.monotonic()
+        fired_at = None
+        while time.monotonic() - start < 3 * ALERT_WINDOW_S:
+            llm.generate(PROMPTS[:4], greedy(32), use_tqdm=False)
+            if any(a.state == "firing" for a in ev.evaluate()) and fired_at is None:
+                fired_at = time.monotonic() - start
+        if weak:
+            assert fired_at is not None and fired_at <= ALERT_WINDOW_S + 2.0, fired_at
+            (alert,) = ev.active()
+            assert alert.state == "firing" and "alpha" in alert.description
+        else:
+            assert fired_at is None and ev.active() == []
+            assert alert_hub.snapshot().window.spec.draft_tokens >= 200  # it was judged, not idle
+    finally:
+        specscope.instrument(llm, hub)

@@ -1,0 +1,127 @@
+"""In-process alert evaluation: pending → firing → resolved, one alert per rule, notified once per transition."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal, Protocol
+
+from specscope.alerts.rules import RULES, Rule, Thresholds, describe
+from specscope.catalogue import engine_attrs
+from specscope.hub import Hub
+from specscope.model import Snapshot
+
+State = Literal["pending", "firing", "resolved"]
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One alert's state, with the words and numbers that explain it."""
+
+    rule: str
+    state: State
+    severity: str
+    summary: str
+    description: str
+    value: float | None
+    labels: tuple[tuple[str, str], ...]
+    runbook_url: str
+    active_since: float
+    fired_at: float | None = None
+    resolved_at: float | None = None
+
+
+class Notifier(Protocol):
+    """Receives alerts that started firing or resolved."""
+
+    def notify(self, alerts: Sequence[Alert]) -> None: ...
+
+
+class Evaluator:
+    """Evaluates rules on snapshots; thread-safe; failures of notifiers are counted in the hub, never raised."""
+
+    def __init__(self, hub: Hub, rules: Sequence[Rule] = RULES, thresholds: Thresholds | None = None,
+                 notifiers: Sequence[Notifier] = (), clock: Callable[[], float] = time.time) -> None:
+        self.hub = hub
+        self.rules = tuple(rules)
+        self.thresholds = (thresholds or Thresholds()).check()
+        self.notifiers = list(notifiers)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._alerts: dict[str, Alert] = {}
+        self._last_true: dict[str, float] = {}
+
+    def evaluate(self, snap: Snapshot | None = None) -> list[Alert]:
+        """Advance every rule's state on ``snap`` (default: a fresh snapshot); return the transitions."""
+        snap = snap or self.hub.snapshot()
+        now = self._clock()
+        t = self.thresholds
+        changed: list[Alert] = []
+        with self._lock:
+            for rule in self.rules:
+                try:
+                    active = rule.firing(snap, t)
+                except Exception as exc:
+                    self.hub.count_error(f"alert rule {rule.name}", exc)
+                    continue
+                current = self._alerts.get(rule.name)
+                if active:
+                    self._last_true[rule.name] = now
+                    summary, description = describe(rule, snap, t)
+                    if current is None or current.state == "resolved":
+                        current = Alert(rule.name, "pending", rule.severity, summary, description, rule.value(snap),
+                                        tuple(sorted(engine_attrs(snap).items())), rule.runbook_url, now)
+                    else:
+                        current = replace(current, summary=summary, description=description, value=rule.value(snap))
+                    if current.state == "pending" and now - current.active_since >= rule.for_s(t):
+                        current = replace(current, state="firing", fired_at=now)
+                        changed.append(current)
+                    self._alerts[rule.name] = current
+                elif current is not None and current.state != "resolved":
+                    if current.state == "pending":
+                        del self._alerts[rule.name]  # never fired: nothing to tell
+                    elif now - self._last_true.get(rule.name, now) >= t.keep_firing_for_s:
+                        current = replace(current, state="resolved", resolved_at=now)
+                        self._alerts[rule.name] = current
+                        changed.append(current)
+            firing = [a for a in self._alerts.values() if a.state == "firing" and a not in changed]
+        for notifier in self.notifiers:
+            # Alertmanager forgets alerts that are not re-sent; the others hear of transitions only.
+            batch = changed + firing if getattr(notifier, "resend_firing", False) else changed
+            if not batch:
+                continue
+            try:
+                notifier.notify(batch)
+            except Exception as exc:
+                self.hub.count_error(f"notifier {type(notifier).__name__}", exc)
+        return changed
+
+    def active(self) -> list[Alert]:
+        """Pending and firing alerts, firing first."""
+        with self._lock:
+            alerts = [a for a in self._alerts.values() if a.state != "resolved"]
+        return sorted(alerts, key=lambda a: (a.state != "firing", a.rule))
+
+
+class AlertLoop:
+    """Evaluates every ``interval_s`` seconds on a daemon thread; :meth:`stop` ends it."""
+
+    def __init__(self, evaluator: Evaluator, interval_s: float = 5.0) -> None:
+        self.evaluator = evaluator
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(interval_s,), name="specscope-alerts", daemon=True)
+        self._thread.start()
+
+    def _run(self, interval_s: float) -> None:
+        while not self._stop.wait(interval_s):
+            try:
+                self.evaluator.evaluate()
+            except Exception as exc:
+                self.evaluator.hub.count_error("alert loop", exc)
+
+    def stop(self) -> None:
+        """Stop evaluating."""
+        self._stop.set()
+        self._thread.join(5)

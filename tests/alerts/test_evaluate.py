@@ -1,0 +1,198 @@
+"""In-process evaluation: pending → firing → resolved, deduplicated; notifiers, a real Alertmanager included."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from specscope.alerts.evaluate import Alert, AlertLoop, Evaluator
+from specscope.alerts.notify import AlertmanagerNotifier, JsonLinesNotifier, LogNotifier
+from specscope.alerts.rules import BY_RULE, RuleConfigError, Thresholds, load_thresholds
+from specscope.hub import Hub, StepStats
+from specscope.model import EngineInfo, TokenizerStatus
+from tests.test_hub import Clock
+
+
+def drafting(hub: Hub, accepted_per_draft: int, drafts: int = 60, k: int = 4) -> None:
+    per_pos = [drafts if accepted_per_draft > i else 0 for i in range(k)]
+    hub.record_step(StepStats(num_spec_tokens=k, drafts=drafts, draft_tokens=drafts * k,
+                              accepted=drafts * accepted_per_draft, accepted_per_pos=per_pos,
+                              draft_tokens_per_pos=[drafts] * k, running=1, waiting=0, kv_usage=0.1))
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.batches: list[list[Alert]] = []
+
+    def notify(self, alerts: Any) -> None:
+        self.batches.append(list(alerts))
+
+
+def setup(window_s: float = 10, **thresholds: Any) -> tuple[Clock, Hub, Evaluator, Recorder]:
+    clock = Clock()
+    hub = Hub(window_s=window_s, clock=clock)
+    hub.set_engine(EngineInfo(model="m", draft_model="d", method="draft_model", num_speculative_tokens=4))
+    rec = Recorder()
+    t = Thresholds(window_s=window_s, **thresholds)
+    ev = Evaluator(hub, rules=[BY_RULE["SpecscopeWeakDraft"]], thresholds=t, notifiers=[rec], clock=clock)
+    return clock, hub, ev, rec
+
+
+def test_weak_draft_goes_pending_firing_resolved_and_notifies_once_each() -> None:
+    clock, hub, ev, rec = setup(weak_draft_for_s=5, keep_firing_for_s=15)
+    drafting(hub, accepted_per_draft=0)  # 240 draft tokens, none accepted
+    assert ev.evaluate() == [] and ev.active()[0].state == "pending"
+    clock.t += 3
+    drafting(hub, 0)
+    assert ev.evaluate() == []
+    clock.t += 3
+    drafting(hub, 0)
+    (fired,) = ev.evaluate()
+    assert fired.state == "firing" and fired.rule == "SpecscopeWeakDraft"
+    assert "0.0%" in fired.description and "alpha" in fired.description and "lower K" in fired.description
+    assert dict(fired.labels)["model"] == "m"
+    for _ in range(3):  # still weak: no repeated notification
+        clock.t += 1
+        drafting(hub, 0)
+        assert ev.evaluate() == []
+    clock.t += 11  # the weak window slides out; the draft is good now
+    drafting(hub, 4)
+    assert ev.evaluate() == []  # keep_firing_for holds it a little longer
+    clock.t += 5
+    drafting(hub, 4)
+    (resolved,) = ev.evaluate()
+    assert resolved.state == "resolved" and ev.active() == []
+    assert [[a.state for a in b] for b in rec.batches] == [["firing"], ["resolved"]]
+
+
+def test_idle_or_short_lived_weakness_raises_nothing() -> None:
+    clock, hub, ev, rec = setup(weak_draft_for_s=5)
+    hub.record_step(StepStats(num_spec_tokens=4, drafts=2, draft_tokens=8, accepted=0, accepted_per_pos=[0] * 4))
+    assert ev.evaluate() == [] and ev.active() == []  # 8 draft tokens: below the minimum, nothing pending
+    drafting(hub, 0)
+    ev.evaluate()
+    assert ev.active()[0].state == "pending"
+    clock.t += 11
+    drafting(hub, 4)
+    ev.evaluate()
+    assert ev.active() == [] and rec.batches == []  # pending never fired: nobody told
+
+
+def test_rules_on_snapshot_fields() -> None:
+    clock = Clock()
+    hub = Hub(clock=clock)
+    hub.set_tokenizer_status(TokenizerStatus("mismatch", ("ids differ",)))
+    ev = Evaluator(hub, rules=[BY_RULE["SpecscopeTokenizerMismatch"]], clock=clock)
+    (a,) = ev.evaluate()
+    assert a.state == "firing" and a.severity == "critical"  # for: 0 fires at once
+
+
+def test_log_and_jsonl_notifiers(tmp_path: Path, caplog: Any) -> None:
+    _clock, hub, ev, _ = setup(weak_draft_for_s=0)
+    path = tmp_path / "alerts.jsonl"
+    ev.notifiers = [LogNotifier(), JsonLinesNotifier(path)]
+    drafting(hub, 0)
+    with caplog.at_level(logging.INFO, logger="specscope.alerts"):
+        ev.evaluate()
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert rows[0]["rule"] == "SpecscopeWeakDraft" and rows[0]["state"] == "firing"
+    assert rows[0]["labels"]["model"] == "m"
+    assert "[WARNING] SpecscopeWeakDraft firing" in caplog.text
+
+
+def test_a_failing_notifier_is_counted_not_raised() -> None:
+    _clock, hub, ev, _ = setup(weak_draft_for_s=0)
+    ev.notifiers = [AlertmanagerNotifier("http://127.0.0.1:9", timeout_s=0.5)]
+    drafting(hub, 0)
+    assert len(ev.evaluate()) == 1
+    assert dict(hub.snapshot().health.errors)["notifier AlertmanagerNotifier"] == 1
+
+
+def test_alert_loop_evaluates_in_the_background() -> None:
+    hub = Hub(window_s=10)
+    hub.set_tokenizer_status(TokenizerStatus("mismatch"))
+    rec = Recorder()
+    loop = AlertLoop(Evaluator(hub, rules=[BY_RULE["SpecscopeTokenizerMismatch"]], notifiers=[rec]), 0.05)
+    try:
+        deadline = time.monotonic() + 5
+        while not rec.batches and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        loop.stop()
+    assert rec.batches[0][0].rule == "SpecscopeTokenizerMismatch"
+
+
+def test_threshold_files_and_bad_configuration(tmp_path: Path) -> None:
+    good = tmp_path / "t.yaml"
+    good.write_text("weak_draft_acceptance: 0.4\nfragmentation: 0.6\n")
+    t = load_thresholds(good)
+    assert (t.weak_draft_acceptance, t.fragmentation) == (0.4, 0.6)
+    cases = {
+        "bad.json": ('{"weak_draft_acceptance": 3}', "fraction between 0 and 1"),
+        "typo.json": ('{"weak_draft_acceptence": 0.3}', "unknown threshold 'weak_draft_acceptence'"),
+        "neg.json": ('{"fragmentation_for_s": -1}', "non-negative"),
+        "broken.json": ("{oops", "not valid JSON"),
+        "list.yaml": ("- 1\n- 2\n", "mapping"),
+    }
+    for name, (text, message) in cases.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(RuleConfigError) as info:
+            load_thresholds(tmp_path / name)
+        assert message in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(RuleConfigError, match="cannot read"):
+        load_thresholds(tmp_path / "missing.json")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.skipif(shutil.which("prometheus-alertmanager") is None, reason="Debian's prometheus-alertmanager absent")
+def test_webhook_reaches_a_real_alertmanager(tmp_path: Path) -> None:
+    port = free_port()
+    (tmp_path / "am.yml").write_text("route: {receiver: 'null'}\nreceivers: [{name: 'null'}]\n")
+    proc = subprocess.Popen(
+        ["timeout", "120", "prometheus-alertmanager", f"--config.file={tmp_path / 'am.yml'}",
+         f"--storage.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+         "--cluster.listen-address="],  # no gossip: a single instance, ready at once
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{url}/-/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "alertmanager did not start"
+            time.sleep(0.3)
+        clock, hub, ev, _ = setup(weak_draft_for_s=0, keep_firing_for_s=0)
+        ev.notifiers = [AlertmanagerNotifier(url)]
+        drafting(hub, 0)
+        ev.evaluate()
+        alerts = httpx.get(f"{url}/api/v2/alerts", timeout=5).json()
+        (a,) = alerts
+        assert a["labels"]["alertname"] == "SpecscopeWeakDraft" and a["labels"]["model"] == "m"
+        assert a["labels"]["severity"] == "warning" and a["status"]["state"] == "active"
+        assert a["annotations"]["runbook_url"].endswith("#specscopeweakdraft")
+        assert hub.snapshot().health.error_count == 0
+        clock.t += 30  # the draft recovers; the alert is resolved in Alertmanager
+        drafting(hub, 4)
+        (resolved,) = ev.evaluate()
+        assert resolved.state == "resolved"
+        assert httpx.get(f"{url}/api/v2/alerts", params={"active": "true"}, timeout=5).json() == []
+    finally:
+        proc.terminate()
+        proc.wait(30)
