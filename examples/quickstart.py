@@ -17,6 +17,8 @@ def run(target: str, draft: str, prompts: list[str], k: int) -> None:
     from vllm import SamplingParams
 
     import specscope
+    from specscope.alerts.evaluate import Evaluator
+    from specscope.alerts.rules import Thresholds
     from specscope.report import request_table, summary
 
     llm = specscope.LLM(
@@ -32,6 +34,13 @@ def run(target: str, draft: str, prompts: list[str], k: int) -> None:
     snap = llm.snapshot()
     print(summary(snap))
     print(request_table(snap.requests))
+    # The alert rules, judged once on this run (no waiting period): what would page an operator?
+    fired = Evaluator(llm.specscope, thresholds=Thresholds(weak_draft_for_s=0, fragmentation_for_s=0,
+                                                           kv_pressure_for_s=0, gpu_memory_for_s=0)).evaluate(snap)
+    for alert in fired:
+        print(f"ALERT {alert.rule} [{alert.severity}]: {alert.summary}\n      {alert.description}")
+    if not fired:
+        print("no alert fires")
     llm.llm_engine.engine_core.shutdown()
 
 

@@ -264,6 +264,9 @@ METRICS: tuple[Metric, ...] = (
     Metric("specscope.gpu.allocator.memory", "updowncounter", "By",
            "torch CUDA caching allocator in this process: allocated, reserved, inactive split.",
            _allocator, (*ENGINE_ATTRS, "hw.id", "state")),
+    Metric("specscope.gpu.draft_weight_share", "gauge", "1",
+           "The draft's share of the two models' weights (estimated from parameter counts).",
+           _one(lambda s: s.cost_ratio.draft_weight_share if s.cost_ratio else None)),
     # --- requests (OpenTelemetry GenAI semantic conventions)
     Metric("gen_ai.server.request.duration", "histogram", "s",
            "Generative AI server request duration such as time-to-last byte or last output token.",

@@ -74,7 +74,7 @@ def cost_ratio_from_models(target: str | Path, draft: str | Path | None, method:
     pt, pd = parameter_count(target), parameter_count(draft)
     if not pt or not pd:
         return None
-    return CostRatio(pd / pt, f"estimated from parameter counts ({pd:,} draft / {pt:,} target)")
+    return CostRatio(pd / pt, f"estimated from parameter counts ({pd:,} draft / {pt:,} target)", pt, pd)
 
 
 def estimate(snap: Snapshot, cost: CostRatio | None = None) -> SpeedupEstimate | None:

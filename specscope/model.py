@@ -267,10 +267,19 @@ class EngineInfo:
 
 @dataclass(frozen=True, slots=True)
 class CostRatio:
-    """c = draft step time / target step time, and where the number comes from."""
+    """c = draft step time / target step time, where the number comes from, and the models' sizes if known."""
 
     value: float
     source: str
+    target_params: int | None = None
+    draft_params: int | None = None
+
+    @property
+    def draft_weight_share(self) -> float | None:
+        """The draft's share of the two models' weights (of their GPU memory, before the KV cache)."""
+        if not self.target_params or self.draft_params is None:
+            return None
+        return self.draft_params / (self.target_params + self.draft_params)
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,6 +352,7 @@ _DERIVED: dict[type, tuple[str, ...]] = {
     KVCache: ("capacity_tokens", "blocks_used", "token_usage", "fragmentation"),
     GpuDevice: ("used_fraction",),
     GpuMemory: ("available",),
+    CostRatio: ("draft_weight_share",),
     Health: ("error_count",),
     Histogram: ("count",),
     Snapshot: ("uptime_s",),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from specscope.diagnostics import estimate
 from specscope.model import RequestRecord, Snapshot, Totals
 
 
@@ -29,12 +30,20 @@ def summary(snap: Snapshot) -> str:
     w = snap.window.spec
     if w is not None and w.drafts:
         lines.append("per-pos  " + "  ".join(f"{i}:{_pct(r)}" for i, r in enumerate(w.per_position)))
+    est = estimate(snap)
+    if est is not None:
+        lines.append(f"speedup  {est.explain()}")
+    if snap.tokenizer is not None:
+        lines.append(f"tokenizer {snap.tokenizer.verdict}" + "".join(f"; {r}" for r in snap.tokenizer.reasons))
     kv = snap.kv
     lines.append(
         f"kv cache blocks {_pct(kv.block_usage)} ({kv.blocks_used} of {kv.block_size}-token blocks)"
         f"  tokens {_pct(kv.token_usage)}  fragmentation {_pct(kv.fragmentation)}"
         f"  preemptions {snap.lifetime.preemptions}  prefix-cache hits {_pct(snap.lifetime.prefix_cache_hit_rate)}"
     )
+    share = snap.cost_ratio.draft_weight_share if snap.cost_ratio else None
+    if share is not None:
+        lines.append(f"weights  the draft holds {_pct(share)} of the two models' weights (from parameter counts)")
     g = snap.gpu
     if g.available:
         for d in g.devices:

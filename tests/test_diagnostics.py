@@ -31,6 +31,8 @@ def test_cost_ratio(tiny: dict[str, Path], tmp_path: Path) -> None:
     c = cost_ratio_from_models(tiny["target"], tiny["independent"], "draft_model")
     assert c is not None and c.value == pytest.approx(weights(tiny["independent"]) / weights(tiny["target"]))
     assert "parameter counts" in c.source
+    t, d = weights(tiny["target"]), weights(tiny["independent"])
+    assert c.draft_weight_share == pytest.approx(d / (t + d))
     assert cost_ratio_from_models(tiny["target"], None, "ngram") == CostRatio(0.0, "n-gram lookup runs no model")
     assert cost_ratio_from_models(tiny["target"], tmp_path, "draft_model") is None  # no config.json
 

@@ -10,7 +10,7 @@ import pytest
 from specscope import catalogue
 from specscope.collectors.gpu_source import GpuCollector
 from specscope.hub import Hub, StepStats
-from specscope.model import EngineInfo
+from specscope.model import CostRatio, EngineInfo, TokenizerStatus
 from specscope.otel_export import OtelConfigError, OtelExporter, resolve_config
 from tests.collectors.test_gpu import FakeNvml, GiB
 from tests.otlp_receiver import GrpcReceiver, HttpReceiver
@@ -34,6 +34,8 @@ def filled_hub() -> Hub:
 
     nvml = FakeNvml([{"name": "NVIDIA H100", "used": 30 * GiB, "total": 80 * GiB, "procs": [(os.getpid(), GiB)]}])
     hub.add_gpu_source("gpu", GpuCollector(nvml=nvml))
+    hub.set_tokenizer_status(TokenizerStatus("identical"))
+    hub.set_cost_ratio(CostRatio(0.1, "estimated from parameter counts", 10_000, 1_000))
     for _ in range(3):
         hub.record_step(StepStats(running=2, waiting=1, kv_usage=0.25, num_spec_tokens=4, drafts=3, draft_tokens=12,
                                   accepted=7, accepted_per_pos=[3, 2, 1, 1], draft_tokens_per_pos=[3, 3, 3, 3],
@@ -93,7 +95,8 @@ def test_every_catalogue_metric_and_every_request_span_arrives(receiver: Any) ->
             sent = {tuple(sorted(attrs(dp.attributes).items())): dp.as_double or dp.as_int for dp in dps}
             want = {tuple(sorted(a.items())): v for a, v in samples}
             assert sent == pytest.approx(want), m.name
-    assert checked >= len(catalogue.METRICS) - 2  # all but the allocator (no CUDA here) and errors (none)
+    # Every metric but two was sent and checked: the allocator (no CUDA in this process) and errors (none).
+    assert checked == len(catalogue.METRICS) - 2
     assert resource["service.name"] == "svc"
     assert resource["specscope.model"] == "tgt" and resource["specscope.draft_model"] == "drf"
     assert resource["gen_ai.provider.name"] == "vllm" and resource["host.name"]

@@ -217,8 +217,8 @@ RULES: tuple[Rule, ...] = (
         name="SpecscopeGPUMemoryHigh",
         severity="warning",
         summary="GPU memory above {threshold}",
-        description="A GPU is {value} full. Target and draft share it with the KV cache; allocation failures or "
-                    "preemptions follow.",
+        description="A GPU is {value} full. Target and draft share it with the KV cache (the draft holds "
+                    "{draft_share} of the models' weights); allocation failures or preemptions follow.",
         value=lambda s: max((d.used_fraction for d in s.gpu.devices), default=None),
         firing=lambda s, t: any(d.used_fraction > t.gpu_memory for d in s.gpu.devices),
         promql=lambda t: f"{_p('hw.gpu.memory.usage')} / {_p('hw.gpu.memory.limit')} > {t.gpu_memory}",
@@ -249,6 +249,7 @@ def describe(rule: Rule, snap: Snapshot, t: Thresholds) -> tuple[str, str]:
         "block_usage": pct(snap.kv.block_usage),
         "token_usage": pct(snap.kv.token_usage),
         "speedup_detail": est.explain() if (est := _estimate(snap)) else "no estimate",
+        "draft_share": pct(snap.cost_ratio.draft_weight_share if snap.cost_ratio else None),
     }
     return rule.summary.format(**values), f"{rule.description.format(**values)} {rule.advice}"
 
