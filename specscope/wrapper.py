@@ -29,11 +29,12 @@ class SpecscopeError(RuntimeError):
 
 
 def _record_output(hub: Hub, output: Any) -> None:
-    if output.finished:
-        try:
+    """Record a finished output; never raises into the engine's loop."""
+    try:
+        if output.finished:
             hub.record_request(str(output.request_id), **vllm_reader.output_fields(output))
-        except Exception as exc:
-            hub.count_error("request output", exc)
+    except Exception as exc:
+        hub.count_error("request output", exc)
 
 
 def instrument(engine: Any, hub: Hub | None = None, *, keep_vllm_loggers: bool = True) -> Hub:
