@@ -58,6 +58,12 @@ class _Handler(BaseHTTPRequestHandler):
     source: Callable[[], Snapshot]
 
     def do_GET(self) -> None:  # http.server calls do_<METHOD>
+        try:
+            self._get()
+        except Exception as exc:  # one line to the scraper, no traceback per scrape
+            self._send(500, "text/plain; charset=utf-8", f"specscope: {type(exc).__name__}: {exc}\n".encode())
+
+    def _get(self) -> None:
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
             encoder, content_type = choose_encoder(self.headers.get("Accept", ""))

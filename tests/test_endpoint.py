@@ -170,3 +170,16 @@ def test_real_prometheus_scrapes_the_snapshot_values(served: tuple[Hub, Endpoint
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_a_failing_snapshot_is_a_500_with_one_line() -> None:
+    def broken() -> Any:
+        raise RuntimeError("hub gone")
+
+    endpoint = Endpoint(broken, port=0)
+    try:
+        r = httpx.get(f"{endpoint.url}/snapshot", timeout=10)
+        assert r.status_code == 500 and r.text == "specscope: RuntimeError: hub gone\n"
+        assert httpx.get(f"{endpoint.url}/metrics", timeout=10).status_code == 500
+    finally:
+        endpoint.close()
