@@ -15,7 +15,7 @@ import time
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from specscope.model import (
@@ -244,13 +244,6 @@ class _Hist:
         return Histogram(self.bounds, tuple(self.counts), self.total)
 
 
-@dataclass
-class _Pending:
-    """Request records waiting for their second part (timing or speculative numbers)."""
-
-    since: OrderedDict[str, float] = field(default_factory=OrderedDict)
-
-
 class Hub:
     """Thread-safe telemetry store. See the module docstring."""
 
@@ -284,7 +277,8 @@ class Hub:
         self._kv_usage: float | None = None
         self._live_tokens = 0
         self._recent: OrderedDict[str, RequestRecord] = OrderedDict()
-        self._pending = _Pending()
+        # Request records waiting for their second part, and since when.
+        self._pending: OrderedDict[str, float] = OrderedDict()
         self._parts_expected = 1
         self._parts: dict[str, int] = {}
         self._seq = 0
@@ -388,9 +382,7 @@ class Hub:
                 self._live_tokens = 0
             if s.num_spec_tokens is not None and self._engine.num_speculative_tokens is None:
                 self._engine = replace(self._engine, num_speculative_tokens=s.num_spec_tokens)
-            expired = self._expire_pending(now)
-            for r in expired:
-                self._observe(r)
+            expired = self._release_expired(now)
         self._publish(expired)
 
     def record_request(self, request_id: str, **fields: Any) -> None:
@@ -405,21 +397,21 @@ class Hub:
                 while len(self._recent) > self._max_requests:
                     old, _ = self._recent.popitem(last=False)
                     self._parts.pop(old, None)
-                    self._pending.since.pop(old, None)
+                    self._pending.pop(old, None)
             else:
                 rec = replace(rec, **fields)
                 self._recent[request_id] = rec
             parts = self._parts.get(request_id, 0) + 1
-            done = [rec] if parts >= self._parts_expected else []
-            if done:
+            done = []
+            if parts >= self._parts_expected:
                 self._parts.pop(request_id, None)
-                self._pending.since.pop(request_id, None)
+                self._pending.pop(request_id, None)
+                self._observe(rec)
+                done.append(rec)
             else:
                 self._parts[request_id] = parts
-                self._pending.since[request_id] = now
-            done += self._expire_pending(now)
-            for r in done:
-                self._observe(r)
+                self._pending[request_id] = now
+            done += self._release_expired(now)
         self._publish(done)
 
     def has_request(self, request_id: str) -> bool:
@@ -492,9 +484,10 @@ class Hub:
         if rec.tpot_s:
             self._tpot_hist.observe(rec.tpot_s)
 
-    def _expire_pending(self, now: float) -> list[RequestRecord]:
+    def _release_expired(self, now: float) -> list[RequestRecord]:
+        """Finalize the records that waited too long for their second part (under the lock)."""
         out = []
-        since = self._pending.since
+        since = self._pending
         while since:
             rid, t = next(iter(since.items()))
             if now - t < self.PENDING_TIMEOUT_S:
@@ -503,6 +496,7 @@ class Hub:
             self._parts.pop(rid, None)
             rec = self._recent.get(rid)
             if rec is not None:
+                self._observe(rec)
                 out.append(rec)
         return out
 
@@ -523,9 +517,7 @@ class Hub:
             except queue.Empty:
                 # Release records whose second part never came, even when the engine is idle.
                 with self._lock:
-                    expired = self._expire_pending(self._clock())
-                    for r in expired:
-                        self._observe(r)
+                    expired = self._release_expired(self._clock())
                 self._publish(expired)
                 continue
             for listener in list(self._listeners):
