@@ -10,7 +10,8 @@ def _num(v: float | None, fmt: str = ".2f", none: str = "n/a") -> str:
     return none if v is None else format(v, fmt)
 
 
-def _pct(v: float | None) -> str:
+def percent(v: float | None) -> str:
+    """A fraction as a percentage with one decimal, or "n/a"."""
     return "n/a" if v is None else f"{100 * v:.1f}%"
 
 
@@ -29,7 +30,7 @@ def summary(snap: Snapshot) -> str:
         lines.append(f"{label:<8} {_spec_line(t)}")
     w = snap.window.spec
     if w is not None and w.drafts:
-        lines.append("per-pos  " + "  ".join(f"{i}:{_pct(r)}" for i, r in enumerate(w.per_position)))
+        lines.append("per-pos  " + "  ".join(f"{i}:{percent(r)}" for i, r in enumerate(w.per_position)))
     est = estimate(snap)
     if est is not None:
         lines.append(f"speedup  {est.explain()}")
@@ -37,13 +38,13 @@ def summary(snap: Snapshot) -> str:
         lines.append(f"tokenizer {snap.tokenizer.verdict}" + "".join(f"; {r}" for r in snap.tokenizer.reasons))
     kv = snap.kv
     lines.append(
-        f"kv cache blocks {_pct(kv.block_usage)} ({kv.blocks_used} of {kv.block_size}-token blocks)"
-        f"  tokens {_pct(kv.token_usage)}  fragmentation {_pct(kv.fragmentation)}"
-        f"  preemptions {snap.lifetime.preemptions}  prefix-cache hits {_pct(snap.lifetime.prefix_cache_hit_rate)}"
+        f"kv cache blocks {percent(kv.block_usage)} ({kv.blocks_used} of {kv.block_size}-token blocks)"
+        f"  tokens {percent(kv.token_usage)}  fragmentation {percent(kv.fragmentation)}"
+        f"  preemptions {snap.lifetime.preemptions}  prefix-cache hits {percent(snap.lifetime.prefix_cache_hit_rate)}"
     )
     share = snap.cost_ratio.draft_weight_share if snap.cost_ratio else None
     if share is not None:
-        lines.append(f"weights  the draft holds {_pct(share)} of the two models' weights (from parameter counts)")
+        lines.append(f"weights  the draft holds {percent(share)} of the two models' weights (from parameter counts)")
     g = snap.gpu
     if g.available:
         for d in g.devices:
@@ -63,7 +64,7 @@ def _spec_line(t: Totals) -> str:
     if s is None:
         return base + "  (no speculation)"
     return (
-        f"{base}  acceptance {_pct(s.acceptance_rate)}  alpha {_num(s.alpha)}"
+        f"{base}  acceptance {percent(s.acceptance_rate)}  alpha {_num(s.alpha)}"
         f"  mean length {_num(s.mean_acceptance_length)}  drafted {s.draft_tokens} accepted {s.accepted}"
     )
 
@@ -77,7 +78,7 @@ def request_table(records: tuple[RequestRecord, ...] | list[RequestRecord], limi
         rows.append(
             f"{r.request_id[:12]:<12} {_num(r.prompt_tokens, 'd', '-'):>6} {_num(r.generation_tokens, 'd', '-'):>5}"
             f" {_num(r.draft_tokens, 'd', '-'):>7} {_num(r.accepted_tokens, 'd', '-'):>8}"
-            f" {_pct(r.acceptance_rate):>7} {_num(r.mean_acceptance_length):>5}"
+            f" {percent(r.acceptance_rate):>7} {_num(r.mean_acceptance_length):>5}"
             f" {_num(None if r.ttft_s is None else 1000 * r.ttft_s, '.1f'):>8}"
             f" {_num(None if r.e2e_s is None else 1000 * r.e2e_s, '.1f'):>8}"
         )

@@ -15,6 +15,7 @@ from typing import Any
 
 from specscope.catalogue import BY_NAME
 from specscope.model import Snapshot
+from specscope.report import percent
 
 #: The runbook, relative to specscope's repository (docs/runbook.md has a section per rule).
 RUNBOOK = "docs/runbook.md"
@@ -235,21 +236,18 @@ def describe(rule: Rule, snap: Snapshot, t: Thresholds) -> tuple[str, str]:
     """(summary, description) with the live numbers filled in."""
     w = snap.window.spec
 
-    def pct(v: float | None) -> str:
-        return "n/a" if v is None else f"{v:.1%}"
-
     threshold = rule.threshold(t) if rule.threshold else None
     raw = rule.value(snap)
     values = {
-        "value": f"{raw:.2f}x" if rule.name == "SpecscopeSpeculationNotPaying" and raw is not None else pct(raw),
-        "threshold": pct(threshold),
-        "alpha": pct(w.alpha if w else None),
+        "value": f"{raw:.2f}x" if rule.name == "SpecscopeSpeculationNotPaying" and raw is not None else percent(raw),
+        "threshold": percent(threshold),
+        "alpha": percent(w.alpha if w else None),
         "mean_length": "n/a" if not w or w.mean_acceptance_length is None else f"{w.mean_acceptance_length:.2f}",
-        "per_position": ", ".join(pct(r) for r in w.per_position) if w else "n/a",
-        "block_usage": pct(snap.kv.block_usage),
-        "token_usage": pct(snap.kv.token_usage),
+        "per_position": ", ".join(percent(r) for r in w.per_position) if w else "n/a",
+        "block_usage": percent(snap.kv.block_usage),
+        "token_usage": percent(snap.kv.token_usage),
         "speedup_detail": est.explain() if (est := _estimate(snap)) else "no estimate",
-        "draft_share": pct(snap.cost_ratio.draft_weight_share if snap.cost_ratio else None),
+        "draft_share": percent(snap.cost_ratio.draft_weight_share if snap.cost_ratio else None),
     }
     return rule.summary.format(**values), f"{rule.description.format(**values)} {rule.advice}"
 
