@@ -1,9 +1,13 @@
 """Does speculation pay? Expected speedup from the live α, K and the draft/target cost ratio c.
 
 Leviathan et al. 2023: speedup = (1 − α^(K+1)) / ((1 − α)(K·c + 1)), with c = draft step time / target step
-time. specscope estimates c from the two models' parameter counts (decoding is memory-bound on GPUs, so step
-time follows the bytes of weights read) and says so; a measured c can be given instead. n-gram lookup has no
-model: c ≈ 0.
+time. c is **measured** when a baseline is given: the same target's decode-step times without speculation, by
+batch size (``specscope calibrate``, or any specscope-instrumented engine's ``step_times``). Then, at batch b,
+a speculative step of T_spec(b) against a plain one of T_plain(b) gives the effective c(b) = (T_spec/T_plain − 1)/K:
+everything a speculative step costs beyond a plain one (K draft passes, verifying K+1 tokens per request,
+rejection sampling), per draft token. That makes the estimate depend on batch size, as real speedups do.
+Without a baseline, c is estimated from the two models' parameter counts (decoding is memory-bound on GPUs, so
+step time follows the bytes of weights read), and the estimate says so. n-gram lookup has no model: c ≈ 0.
 """
 
 from __future__ import annotations
@@ -14,7 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from specscope import acceptance as acc
-from specscope.model import CostRatio, Snapshot
+from specscope.model import CostRatio, Snapshot, StepProfile, StepTime
+
+#: Decode steps a batch size needs before its mean step time is used.
+MIN_STEPS = 3
 
 
 @dataclass(frozen=True)
@@ -29,6 +36,7 @@ class SpeedupEstimate:
     expected_speedup: float
     best_k: int
     best_speedup: float
+    batch_size: int | None = None
 
     @property
     def pays(self) -> bool:
@@ -40,7 +48,8 @@ class SpeedupEstimate:
         verdict = "pays" if self.pays else "does NOT pay"
         advice = (f"K={self.best_k} would give {self.best_speedup:.2f}x" if self.best_speedup >= 1.0
                   else "no K makes it pay with this draft: alpha is not above c")
-        return (f"speculation {verdict}: expected speedup {self.expected_speedup:.2f}x at K={self.k} "
+        at = f" and batch {self.batch_size}" if self.batch_size else ""
+        return (f"speculation {verdict}: expected speedup {self.expected_speedup:.2f}x at K={self.k}{at} "
                 f"(alpha {self.alpha:.2f}, c {self.cost_ratio:.2f}, {self.cost_ratio_source}); {advice}")
 
 
@@ -77,12 +86,38 @@ def cost_ratio_from_models(target: str | Path, draft: str | Path | None, method:
     return CostRatio(pd / pt, f"estimated from parameter counts ({pd:,} draft / {pt:,} target)", pt, pd)
 
 
-def estimate(snap: Snapshot, cost: CostRatio | None = None) -> SpeedupEstimate | None:
-    """The estimate from the window's α (the lifetime's while the window is empty); None without the inputs."""
-    cost = cost or snap.cost_ratio
+def measured_cost(snap: Snapshot, batch_size: int) -> CostRatio | None:
+    """The effective c at ``batch_size`` from live step times against the baseline; None without both."""
+    k = snap.engine.num_speculative_tokens
+    if snap.baseline is None or not k:
+        return None
+    t_spec, t_plain = snap.step_times.at(batch_size, MIN_STEPS), snap.baseline.at(batch_size, MIN_STEPS)
+    if t_spec is None or not t_plain:
+        return None
+    sizes = snap.cost_ratio
+    return CostRatio(
+        max(0.0, (t_spec / t_plain - 1.0) / k),
+        f"measured at batch {batch_size}: {1e3 * t_spec:.1f} ms per speculative step, "
+        f"{1e3 * t_plain:.1f} ms without speculation ({snap.baseline.source})",
+        sizes.target_params if sizes else None,
+        sizes.draft_params if sizes else None,
+    )
+
+
+def estimate(snap: Snapshot, cost: CostRatio | None = None, batch_size: int | None = None) -> SpeedupEstimate | None:
+    """The estimate from the window's α (the lifetime's while the window is empty); None without the inputs.
+
+    c is, in order: ``cost`` if given, measured at ``batch_size`` (default: the last decode step's batch) when
+    a baseline is set, else the snapshot's estimate from parameter counts.
+    """
     k = snap.engine.num_speculative_tokens
     spec = snap.window.spec if snap.window.spec and snap.window.spec.drafts else snap.lifetime.spec
-    if cost is None or not k or spec is None or spec.alpha is None:
+    if not k or spec is None or spec.alpha is None:
+        return None
+    batch = batch_size or snap.decode_batch
+    measured = measured_cost(snap, batch) if cost is None and batch else None
+    cost = cost or measured or snap.cost_ratio
+    if cost is None:
         return None
     a = spec.alpha
     best_k, best = acc.best_k(a, cost.value)
@@ -90,4 +125,54 @@ def estimate(snap: Snapshot, cost: CostRatio | None = None) -> SpeedupEstimate |
         alpha=a, k=k, cost_ratio=cost.value, cost_ratio_source=cost.source,
         expected_tokens_per_step=acc.expected_tokens_per_step(a, k),
         expected_speedup=acc.expected_speedup(a, k, cost.value), best_k=best_k, best_speedup=best,
+        batch_size=batch if measured is not None else None,
     )
+
+
+def by_batch_size(snap: Snapshot) -> list[SpeedupEstimate]:
+    """The measured estimate at every batch size this engine has run (needs a baseline)."""
+    out = []
+    for t in snap.step_times.times:
+        if t.steps < MIN_STEPS:
+            continue
+        est = estimate(snap, batch_size=t.batch_size)
+        if est is not None and est.batch_size is not None:
+            out.append(est)
+    return out
+
+
+def by_batch_line(estimates: list[SpeedupEstimate]) -> str | None:
+    """"batch 1: 1.14x  8: 0.99x; stops paying above batch 4" for a report; None without measured estimates."""
+    if not estimates:
+        return None
+    cells = "  ".join(f"{e.batch_size}: {e.expected_speedup:.2f}x" for e in estimates)
+    paying = [e.batch_size or 0 for e in estimates if e.pays]
+    if len(paying) == len(estimates):
+        verdict = "pays at every batch size measured"
+    elif not paying:
+        verdict = "pays at no batch size measured"
+    else:
+        verdict = f"stops paying above batch {max(paying)}"
+    return f"by batch size {cells}; {verdict}"
+
+
+def save_profile(profile: StepProfile, path: str | Path, model: str | None = None) -> None:
+    """Write step times as a baseline file (JSON) for :func:`load_profile`."""
+    doc = {"model": model, "step_times": [{"batch_size": t.batch_size, "steps": t.steps, "mean_s": t.mean_s}
+                                          for t in profile.times]}
+    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def load_profile(path: str | Path) -> StepProfile:
+    """Read a baseline file; ValueError with one line saying what is wrong."""
+    try:
+        doc = json.loads(Path(path).read_text())
+        times = tuple(StepTime(int(t["batch_size"]), int(t["steps"]), float(t["mean_s"])) for t in doc["step_times"])
+    except OSError as exc:
+        raise ValueError(f"cannot read baseline {path}: {exc.strerror or exc}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path} is not a specscope baseline (step_times by batch size): {exc}") from None
+    if not times or any(t.batch_size < 1 or t.steps < 1 or t.mean_s <= 0 for t in times):
+        raise ValueError(f"{path} is not a usable baseline: it needs positive batch sizes, steps and times")
+    name = doc.get("model")
+    return StepProfile(times, f"baseline {Path(path).name}" + (f" of {name}" if name else ""))

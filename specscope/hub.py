@@ -33,6 +33,8 @@ from specscope.model import (
     RequestRecord,
     Snapshot,
     SpecCounts,
+    StepProfile,
+    StepTime,
     TokenizerStatus,
     Totals,
 )
@@ -45,6 +47,8 @@ Listener = Callable[[RequestRecord], None]
 GpuSource = Callable[[], GpuMemory]
 
 _NO_GPU = GpuMemory(status="not collected")
+#: Distinct batch sizes whose step times are kept (vLLM's max_num_seqs is 256 to 1024 in practice).
+_MAX_BATCH_SIZES = 4096
 
 
 @dataclass(slots=True)
@@ -271,6 +275,11 @@ class Hub:
         self._engine = EngineInfo()
         self._tokenizer: TokenizerStatus | None = None
         self._cost_ratio: CostRatio | None = None
+        self._baseline: StepProfile | None = None
+        # Decode-only step times by batch size: [steps, seconds]; bounded by the engine's maximum batch.
+        self._step_times: dict[int, list[float]] = {}
+        self._last_step_at: float | None = None
+        self._decode_batch: int | None = None
         self._life = _Acc()
         self._running: int | None = None
         self._waiting: int | None = None
@@ -333,6 +342,11 @@ class Hub:
         with self._lock:
             self._cost_ratio = cost
 
+    def set_baseline(self, profile: StepProfile | None) -> None:
+        """Give the same target's step times without speculation, which turn live step times into a measured c."""
+        with self._lock:
+            self._baseline = profile
+
     @property
     def engine(self) -> EngineInfo:
         """The engine description last set."""
@@ -373,6 +387,7 @@ class Hub:
         with self._lock:
             self._life.add_step(s)
             self._ring.add_step(second, s)
+            self._time_step(now, s)
             if s.running is not None:
                 self._running, self._waiting = s.running, s.waiting
             if s.kv_usage is not None:
@@ -463,6 +478,10 @@ class Hub:
                 time_per_output_token=self._tpot_hist.freeze(),
                 tokenizer=self._tokenizer,
                 cost_ratio=self._cost_ratio,
+                step_times=StepProfile(
+                    tuple(StepTime(b, int(n), t / n) for b, (n, t) in sorted(self._step_times.items()))),
+                baseline=self._baseline,
+                decode_batch=self._decode_batch,
                 health=Health(
                     errors=tuple(sorted(self._errors.items())),
                     dropped_records=self._dropped,
@@ -483,6 +502,26 @@ class Hub:
             self._ttft_hist.observe(rec.ttft_s)
         if rec.tpot_s:
             self._tpot_hist.observe(rec.tpot_s)
+
+    def _time_step(self, now: float, s: StepStats) -> None:
+        """Time a decode-only step that followed a busy one (under the lock).
+
+        The gap between two step reports of a busy engine is one step's wall time. Steps with prefill are left
+        out, and so is the gap after an idle moment. The batch is the requests the step ran: those still running
+        plus those it finished.
+        """
+        prev, self._last_step_at = self._last_step_at, now
+        if prev is None or not self._running or s.prompt_tokens or not s.generation_tokens or s.running is None:
+            return
+        batch = s.running + s.finished
+        self._decode_batch = batch
+        acc = self._step_times.get(batch)
+        if acc is None:
+            if len(self._step_times) >= _MAX_BATCH_SIZES:
+                return
+            acc = self._step_times[batch] = [0, 0.0]
+        acc[0] += 1
+        acc[1] += now - prev
 
     def _release_expired(self, now: float) -> list[RequestRecord]:
         """Finalize the records that waited too long for their second part (under the lock)."""

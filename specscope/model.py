@@ -9,8 +9,12 @@ provide are ``None`` ("unavailable"), never zero: an engine without speculation 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
+import types
+import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from specscope import acceptance as acc
 
@@ -283,6 +287,31 @@ class CostRatio:
 
 
 @dataclass(frozen=True, slots=True)
+class StepTime:
+    """Mean wall time of the engine's decode-only steps at one batch size."""
+
+    batch_size: int
+    steps: int
+    mean_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class StepProfile:
+    """Decode-step time by batch size: measured live, or a saved baseline of the target without speculation."""
+
+    times: tuple[StepTime, ...] = ()
+    source: str = "live"
+
+    def at(self, batch_size: int, min_steps: int = 3) -> float | None:
+        """Step time at ``batch_size``: measured, or interpolated between the nearest measured sizes; else None."""
+        pts = sorted((t.batch_size, t.mean_s) for t in self.times if t.steps >= min_steps)
+        for (b0, t0), (b1, t1) in itertools.pairwise(pts):
+            if b0 < batch_size < b1:
+                return t0 + (t1 - t0) * (batch_size - b0) / (b1 - b0)
+        return next((t for b, t in pts if b == batch_size), None)
+
+
+@dataclass(frozen=True, slots=True)
 class TokenizerStatus:
     """Verdict of the start-up tokenizer check (see :mod:`specscope.tokenizer_check`)."""
 
@@ -326,7 +355,15 @@ class Snapshot:
     time_per_output_token: Histogram | None = None
     tokenizer: TokenizerStatus | None = None
     cost_ratio: CostRatio | None = None
+    #: Decode-step times of this engine; the same target's times without speculation; the last decode batch.
+    step_times: StepProfile = field(default_factory=StepProfile)
+    baseline: StepProfile | None = None
+    decode_batch: int | None = None
     health: Health = field(default_factory=Health)
+    #: What the source cannot provide (e.g. ``requests`` from a /metrics page): shown as unavailable, not zero.
+    unavailable: tuple[str, ...] = ()
+    #: Numbers an engine reports only as gauges, by name (e.g. SGLang's ``acceptance_rate``).
+    reported: tuple[tuple[str, float], ...] = ()
 
     @property
     def uptime_s(self) -> float:
@@ -336,6 +373,14 @@ class Snapshot:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: fields plus the derived values consumers need."""
         return _to_dict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Snapshot:
+        """The inverse of :meth:`to_dict` (derived values are recomputed); ValueError on a malformed dict."""
+        try:
+            return cast(Snapshot, _from_dict(cls, d))
+        except (TypeError, KeyError, AttributeError) as exc:
+            raise ValueError(f"not a specscope snapshot: {exc}") from None
 
 
 _DERIVED: dict[type, tuple[str, ...]] = {
@@ -357,6 +402,40 @@ _DERIVED: dict[type, tuple[str, ...]] = {
     Histogram: ("count",),
     Snapshot: ("uptime_s",),
 }
+
+
+def _from_dict(cls: type, d: Any) -> Any:
+    hints = _hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: _value(hints[k], v) for k, v in d.items() if k in names})
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _value(tp: Any, v: Any) -> Any:
+    if v is None:
+        return None
+    origin = typing.get_origin(tp)
+    if origin in (types.UnionType, typing.Union):
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _value(inner[0], v) if len(inner) == 1 else v
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_value(args[0], x) for x in v)
+        return tuple(_value(a, x) for a, x in zip(args, v, strict=True))
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(v, dict):
+            raise TypeError(f"{tp.__name__} must be an object, got {type(v).__name__}")
+        return _from_dict(tp, v)  # type: ignore[arg-type]
+    if tp is float and isinstance(v, int | float):
+        return float(v)
+    if tp in (int, float, str, bool) and not isinstance(v, tp):
+        raise TypeError(f"expected {tp.__name__}, got {v!r}")
+    return v
 
 
 def _to_dict(obj: Any) -> Any:

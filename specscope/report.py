@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specscope.diagnostics import estimate
+from specscope.diagnostics import by_batch_line, by_batch_size, estimate
 from specscope.model import RequestRecord, Snapshot, Totals
 
 
@@ -34,6 +34,9 @@ def summary(snap: Snapshot) -> str:
     est = estimate(snap)
     if est is not None:
         lines.append(f"speedup  {est.explain()}")
+        per_batch = by_batch_line(by_batch_size(snap))
+        if per_batch:
+            lines.append(f"         {per_batch}")
     if snap.tokenizer is not None:
         lines.append(f"tokenizer {snap.tokenizer.verdict}" + "".join(f"; {r}" for r in snap.tokenizer.reasons))
     kv = snap.kv

@@ -10,7 +10,8 @@ them. :func:`instrument` attaches the same recording to an engine created elsewh
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import vllm
@@ -19,7 +20,7 @@ from vllm.v1.engine.async_llm import AsyncLLM as _VllmAsyncLLM
 from specscope.collectors import gpu_source, vllm_reader
 from specscope.collectors.vllm_logger import SpecscopeStatLogger
 from specscope.hub import Hub, default_hub
-from specscope.model import Snapshot
+from specscope.model import Snapshot, StepProfile, StepTime
 
 _STATE = "_specscope_state"
 
@@ -132,23 +133,59 @@ def check_tokenizers(target: str, spec: Any, hub: Hub) -> None:
 class LLM(vllm.LLM):
     """``vllm.LLM`` that records per-request acceptance, KV-cache and GPU memory into a hub.
 
-    Takes every ``vllm.LLM`` argument, plus ``specscope_hub`` (default: the process-wide hub). For draft-model
-    speculation the two tokenizers are compared first (:mod:`specscope.tokenizer_check`).
+    Takes every ``vllm.LLM`` argument, plus ``specscope_hub`` (default: the process-wide hub) and
+    ``specscope_baseline``: the target's step times without speculation (a file written by ``specscope
+    calibrate``, or a :class:`~specscope.model.StepProfile`), which makes the speedup estimate measured. For
+    draft-model speculation the two tokenizers are compared first (:mod:`specscope.tokenizer_check`).
     """
 
-    def __init__(self, model: str, *, specscope_hub: Hub | None = None, **kwargs: Any) -> None:
-        check_tokenizers(kwargs.get("tokenizer") or model, kwargs.get("speculative_config"),
-                         specscope_hub or default_hub())
+    def __init__(self, model: str, *, specscope_hub: Hub | None = None,
+                 specscope_baseline: str | Path | StepProfile | None = None, **kwargs: Any) -> None:
+        hub = specscope_hub or default_hub()
+        if specscope_baseline is not None:
+            from specscope.diagnostics import load_profile
+
+            hub.set_baseline(specscope_baseline if isinstance(specscope_baseline, StepProfile)
+                             else load_profile(specscope_baseline))
+        check_tokenizers(kwargs.get("tokenizer") or model, kwargs.get("speculative_config"), hub)
         keep_vllm_loggers = kwargs.get("disable_log_stats") is False
         kwargs["disable_log_stats"] = False
         if _wants_speculation(kwargs) and kwargs.get("per_request_spec_decode_metrics") is None:
             kwargs["per_request_spec_decode_metrics"] = "summary"
         super().__init__(model, **kwargs)
-        self.specscope: Hub = instrument(self, specscope_hub, keep_vllm_loggers=keep_vllm_loggers)
+        self.specscope: Hub = instrument(self, hub, keep_vllm_loggers=keep_vllm_loggers)
 
     def snapshot(self) -> Snapshot:
         """The hub's current snapshot."""
         return self.specscope.snapshot()
+
+
+def measure_step_times(llm: LLM, batch_sizes: Sequence[int], tokens: int = 64, rounds: int = 2) -> StepProfile:
+    """Run greedy batches of each size for ``tokens`` tokens and return the engine's decode-step times.
+
+    On an engine without speculation this is the baseline that turns a speculative engine's step times into a
+    measured cost ratio (``specscope calibrate`` writes it to a file). Every request generates exactly ``tokens``
+    tokens, so each batch keeps its size to the end.
+    """
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+    base = llm.snapshot().step_times
+    before = {t.batch_size: t for t in base.times}
+    for _ in range(rounds):
+        for b in batch_sizes:
+            llm.generate([f"calibration prompt {i}: the quick brown fox" for i in range(b)], params, use_tqdm=False)
+    after = llm.snapshot().step_times.times
+    times = []
+    for t in after:
+        if t.batch_size not in batch_sizes:
+            continue
+        old = before.get(t.batch_size)
+        steps = t.steps - (old.steps if old else 0)
+        if steps > 0:
+            seconds = t.steps * t.mean_s - (old.steps * old.mean_s if old else 0.0)
+            times.append(StepTime(t.batch_size, steps, seconds / steps))
+    return StepProfile(tuple(times), f"measured on {llm.snapshot().engine.model}")
 
 
 class AsyncLLM(_VllmAsyncLLM):

@@ -94,3 +94,11 @@ def test_rules_command_bad_thresholds_are_one_line_exit_2(tmp_path: Path) -> Non
     r = subprocess.run([sys.executable, "-m", "specscope.cli", "rules", "--set", "weak_draft_acceptance=0.4"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "specscope_spec_decode_acceptance_rate_ratio < 0.4" in r.stdout
+
+
+def test_calibrate_bad_input_is_one_line_exit_2(tmp_path: Path) -> None:
+    for args in (["--batch-sizes", "0,8"], ["--batch-sizes", "a"], ["--tokens", "1"],
+                 ["--engine-arg", "novalue"], ["--engine-arg", 'speculative_config={"method": "ngram"}']):
+        r = specscope("calibrate", str(tmp_path), *args)
+        assert r.returncode == 2, args
+        assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("specscope: error: "), r.stderr

@@ -8,6 +8,7 @@ an engine directly. Every call is guarded: a failure is counted in the hub's hea
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from vllm.v1.metrics.loggers import AggregateStatLoggerBase
@@ -37,6 +38,11 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
 
                 self.target.set_cost_ratio(cost_ratio_from_models(
                     getattr(vllm_config.model_config, "model", info.model), info.draft_model, info.method))
+            baseline = os.environ.get("SPECSCOPE_BASELINE")
+            if baseline and type(self).hub is None:
+                from specscope.diagnostics import load_profile
+
+                self.target.set_baseline(load_profile(baseline))
             obs = getattr(vllm_config, "observability_config", None)
             if (
                 getattr(vllm_config, "speculative_config", None) is not None

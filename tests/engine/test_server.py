@@ -45,7 +45,10 @@ def server(tiny: Any, engines: Any, tmp_path_factory: Any) -> Iterator[tuple[str
     engines.close()  # two cores: no other engine alongside the server
     port = free_port()
     log_path = tmp_path_factory.mktemp("server") / "server.log"
-    env = {**os.environ, "VLLM_PLUGINS": "specscope", "SPECSCOPE_PROMETHEUS_PORT": str(free_port())}
+    baseline = log_path.parent / "baseline.json"
+    baseline.write_text(json.dumps({"model": "tiny", "step_times": [{"batch_size": 1, "steps": 50, "mean_s": 0.004}]}))
+    env = {**os.environ, "VLLM_PLUGINS": "specscope", "SPECSCOPE_PROMETHEUS_PORT": str(free_port()),
+           "SPECSCOPE_BASELINE": str(baseline)}
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             server_command(str(tiny["target"]), spec_config(tiny, "noise10"), port),
@@ -132,6 +135,10 @@ def test_completions_streaming_and_not_are_recorded_with_engine_counts(server: t
     assert sum(r["accepted_tokens"] for r in recs.values()) == life["accepted"]
     assert snap["engine"]["method"] == "draft_model" and snap["engine"]["num_speculative_tokens"] == 4
     assert snap["health"]["error_count"] == 0
+    # The plugin loaded the baseline from SPECSCOPE_BASELINE and timed the decode steps (one request at a time).
+    assert snap["baseline"]["source"] == "baseline baseline.json of tiny"
+    (one,) = [t for t in snap["step_times"]["times"] if t["batch_size"] == 1]
+    assert one["steps"] >= 4 * 5 and 0 < one["mean_s"] < 1
     # The plugin started specscope's own endpoint from SPECSCOPE_PROMETHEUS_PORT, on 127.0.0.1.
     families = text_string_to_metric_families(httpx.get(f"http://127.0.0.1:{specscope_port}/metrics", timeout=10).text)
     ours = {s.name: s.value for fam in families for s in fam.samples}
