@@ -116,6 +116,58 @@ def _rules(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrate(args: argparse.Namespace) -> int:
+    from specscope.diagnostics import save_profile
+
+    try:
+        sizes = sorted({int(x) for x in args.batch_sizes.split(",")})
+        if not sizes or sizes[0] < 1 or args.tokens < 2:
+            raise ValueError
+    except ValueError:
+        print("specscope: error: --batch-sizes takes positive integers like 1,8 and --tokens at least 2",
+              file=sys.stderr)
+        return 2
+    engine: dict[str, Any] = {}
+    for item in args.engine_arg or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            print(f"specscope: error: --engine-arg takes name=value, got {item!r}", file=sys.stderr)
+            return 2
+        try:
+            engine[key] = json.loads(value)
+        except ValueError:
+            engine[key] = value
+    if engine.get("speculative_config"):
+        print("specscope: error: the baseline is the target without speculation; drop speculative_config",
+              file=sys.stderr)
+        return 2
+    from specscope.wrapper import LLM, measure_step_times
+
+    try:
+        llm = LLM(args.model, **engine)
+    except Exception as exc:
+        print(f"specscope: error: the engine did not start: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    profile = measure_step_times(llm, sizes, args.tokens)
+    save_profile(profile, args.out, args.model)
+    for t in profile.times:
+        print(f"batch {t.batch_size:>4}: {1e3 * t.mean_s:8.2f} ms per decode step ({t.steps} steps)")
+    print(f"wrote {args.out}; pass it as specscope.LLM(..., specscope_baseline=...) or SPECSCOPE_BASELINE")
+    return 0
+
+
+def _top(args: argparse.Namespace) -> int:
+    from specscope import tui
+
+    return tui.main(args)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from specscope import demo
+
+    return demo.main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``specscope`` argument parser."""
     parser = _Parser(prog="specscope", description="Observability for speculative decoding in vLLM.")
@@ -154,13 +206,41 @@ def build_parser() -> argparse.ArgumentParser:
     rules.add_argument("--thresholds", help="JSON or YAML file of threshold overrides")
     rules.add_argument("--set", action="append", metavar="NAME=VALUE", help="override one threshold")
     rules.set_defaults(func=_rules)
+    cal = sub.add_parser(
+        "calibrate", help="measure the target's decode-step time by batch size, without speculation",
+        description="Run the target model in vLLM without speculation at each batch size and write its "
+        "decode-step times. With this baseline, specscope measures the draft's cost ratio c at every batch size "
+        "instead of estimating it from parameter counts.")
+    cal.add_argument("model", help="target model (as for vllm.LLM)")
+    cal.add_argument("--batch-sizes", default="1,2,4,8,16", help="comma-separated batch sizes (default 1,2,4,8,16)")
+    cal.add_argument("--tokens", type=int, default=64, help="tokens generated per request (default 64)")
+    cal.add_argument("--out", default="specscope-baseline.json", help="file to write")
+    cal.add_argument("--engine-arg", action="append", metavar="NAME=VALUE",
+                     help="a vllm.LLM argument; VALUE is JSON when it parses (e.g. max_model_len=512)")
+    cal.set_defaults(func=_calibrate)
+    top = sub.add_parser("top", help="the terminal dashboard", description="The terminal dashboard over specscope "
+                         "endpoints, vLLM or SGLang servers (a fleet when several are named), or a recording.")
+    from specscope.tui import add_arguments
+
+    add_arguments(top)
+    top.set_defaults(func=_top)
+    demo = sub.add_parser("demo", help="run a real engine through good and weak drafts with the dashboard open")
+    demo.add_argument("--headless", action="store_true", help="no screen: run the scenarios, print what fired")
+    demo.add_argument("--record", metavar="FILE", help="record the dashboard's snapshots to FILE")
+    demo.set_defaults(func=_demo)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``specscope`` console script."""
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except BrokenPipeError:  # the reader went away (`specscope top --once | head`): nothing left to say
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -142,17 +142,18 @@ def by_batch_size(snap: Snapshot) -> list[SpeedupEstimate]:
 
 
 def by_batch_line(estimates: list[SpeedupEstimate]) -> str | None:
-    """"batch 1: 1.14x  8: 0.99x; stops paying above batch 4" for a report; None without measured estimates."""
+    """"by batch size 1: 1.14x  8: 0.92x; pays at batch 1, not at 8" for a report; None without estimates."""
     if not estimates:
         return None
     cells = "  ".join(f"{e.batch_size}: {e.expected_speedup:.2f}x" for e in estimates)
-    paying = [e.batch_size or 0 for e in estimates if e.pays]
-    if len(paying) == len(estimates):
+    paying = ", ".join(str(e.batch_size) for e in estimates if e.pays)
+    losing = ", ".join(str(e.batch_size) for e in estimates if not e.pays)
+    if not losing:
         verdict = "pays at every batch size measured"
     elif not paying:
         verdict = "pays at no batch size measured"
     else:
-        verdict = f"stops paying above batch {max(paying)}"
+        verdict = f"pays at batch {paying}, not at {losing}"
     return f"by batch size {cells}; {verdict}"
 
 

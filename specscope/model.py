@@ -429,7 +429,7 @@ def _value(tp: Any, v: Any) -> Any:
         return tuple(_value(a, x) for a, x in zip(args, v, strict=True))
     if dataclasses.is_dataclass(tp):
         if not isinstance(v, dict):
-            raise TypeError(f"{tp.__name__} must be an object, got {type(v).__name__}")
+            raise TypeError(f"{getattr(tp, '__name__', tp)} must be an object, got {type(v).__name__}")
         return _from_dict(tp, v)  # type: ignore[arg-type]
     if tp is float and isinstance(v, int | float):
         return float(v)

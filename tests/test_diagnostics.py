@@ -143,7 +143,7 @@ def test_measured_cost_makes_the_estimate_depend_on_batch_size(tmp_path: Path) -
     assert "measured at batch 8: 22.0 ms per speculative step, 4.3 ms without speculation" in eight.explain()
     assert "baseline b.json of tiny" in eight.explain()
     assert estimate(snap) == eight  # the last decode batch is the default
-    assert by_batch_line([one, eight]) == "by batch size 1: 1.20x  8: 0.98x; stops paying above batch 1"
+    assert by_batch_line([one, eight]) == "by batch size 1: 1.20x  8: 0.98x; pays at batch 1, not at 8"
     assert estimate(snap).cost_ratio_source.startswith("measured")  # type: ignore[union-attr]
 
 

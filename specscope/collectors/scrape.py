@@ -1,0 +1,250 @@
+"""Remote sources: a specscope endpoint's ``/snapshot``, an unmodified vLLM's or SGLang's ``/metrics``.
+
+Each source turns what it fetches into the same :class:`~specscope.model.Snapshot`. A ``/metrics`` page has only
+engine-wide numbers: what it cannot give is listed in ``Snapshot.unavailable`` (per-request rows, GPU memory,
+the KV token estimate), never filled with zeros. Lifetime counters are exact; windows are computed by the
+consumer from successive snapshots. A fetch that fails raises :class:`SourceError` with one line.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Protocol
+
+from specscope.collectors.promtext import ParseError, Samples, parse
+from specscope.model import EngineInfo, GpuMemory, Histogram, KVCache, Snapshot, SpecCounts, Totals
+
+#: What a /metrics page cannot provide.
+METRICS_PAGE_UNAVAILABLE = ("requests", "gpu", "kv_tokens", "tokenizer", "cost_ratio", "window")
+
+
+class SourceError(Exception):
+    """A target could not be read; the message is one line for the screen."""
+
+
+class Source(Protocol):
+    """Something a dashboard can poll for snapshots."""
+
+    name: str
+
+    def fetch(self) -> Snapshot:
+        """The target's current snapshot; SourceError when it cannot be had."""
+        ...
+
+
+def _get(url: str, timeout: float) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return str(resp.read().decode("utf-8", "replace"))
+    except urllib.error.HTTPError as exc:
+        raise SourceError(f"{url}: HTTP {exc.code}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise SourceError(f"{url}: {reason}") from None
+
+
+def _base(url: str) -> str:
+    if not url.startswith(("http://", "https://")):
+        url = "http://" + url
+    return url.rstrip("/")
+
+
+class EndpointSource:
+    """A specscope endpoint (``specscope.LLM`` exports, the plugin, or the middleware): the full snapshot."""
+
+    def __init__(self, url: str, timeout: float = 2.0, name: str | None = None) -> None:
+        base = _base(url)
+        self.url = base if base.endswith("/snapshot") else base + "/snapshot"
+        self.name = name or base.removesuffix("/snapshot").removesuffix("/specscope")
+        self.timeout = timeout
+
+    def fetch(self) -> Snapshot:
+        """GET /snapshot and rebuild the snapshot."""
+        text = _get(self.url, self.timeout)
+        try:
+            return Snapshot.from_dict(json.loads(text))
+        except ValueError as exc:
+            raise SourceError(f"{self.url}: not a specscope snapshot ({str(exc)[:80]})") from None
+
+
+class MetricsSource:
+    """An engine's Prometheus ``/metrics`` page, mapped into a snapshot by ``convert``."""
+
+    def __init__(self, url: str, convert: Callable[[Samples, float], Snapshot], timeout: float = 2.0) -> None:
+        base = _base(url)
+        self.url = base if base.endswith("/metrics") else base + "/metrics"
+        self.name = base.removesuffix("/metrics")
+        self.convert = convert
+        self.timeout = timeout
+
+    def fetch(self) -> Snapshot:
+        """GET /metrics and convert it."""
+        text = _get(self.url, self.timeout)
+        try:
+            return self.convert(parse(text), time.time())
+        except (ParseError, ValueError, KeyError, TypeError) as exc:
+            raise SourceError(f"{self.url}: not a metrics page ({str(exc)[:80]})") from None
+
+
+class HubSource:
+    """A hub in this process (``specscope demo``)."""
+
+    def __init__(self, hub: object, name: str) -> None:
+        self.hub = hub
+        self.name = name
+
+    def fetch(self) -> Snapshot:
+        """The hub's snapshot."""
+        return self.hub.snapshot()  # type: ignore[attr-defined]
+
+
+def _sum(samples: Samples, name: str) -> float | None:
+    rows = samples.get(name)
+    return None if rows is None else sum(v for _, v in rows)
+
+
+def _int(samples: Samples, name: str) -> int:
+    return int(_sum(samples, name) or 0)
+
+
+def _label(samples: Samples, name: str, label: str) -> str | None:
+    rows = samples.get(name) or []
+    return next((labels[label] for labels, _ in rows if label in labels), None)
+
+
+def _histogram(samples: Samples, name: str) -> Histogram | None:
+    """A Prometheus histogram summed over label sets, as bucket counts (not cumulative)."""
+    rows = samples.get(name + "_bucket")
+    if not rows:
+        return None
+    cumulative: dict[float, float] = {}
+    for labels, v in rows:
+        le = float(labels.get("le", "+Inf"))
+        cumulative[le] = cumulative.get(le, 0.0) + v
+    bounds = sorted(b for b in cumulative if b != float("inf"))
+    counts, prev = [], 0.0
+    for b in [*bounds, float("inf")]:
+        c = cumulative.get(b, prev)
+        counts.append(int(c - prev))
+        prev = c
+    return Histogram(tuple(bounds), tuple(counts), _sum(samples, name + "_sum") or 0.0)
+
+
+def vllm_snapshot(samples: Samples, now: float) -> Snapshot:
+    """vLLM's ``/metrics`` (names ``vllm:*``, summed over engines) as a snapshot."""
+    if not any(name.startswith("vllm:") for name in samples):
+        raise ValueError("no vllm:* metrics on the page")
+    per_pos: dict[int, float] = {}
+    for labels, v in samples.get("vllm:spec_decode_num_accepted_tokens_per_pos_total", []):
+        pos = int(labels.get("position", "0"))
+        per_pos[pos] = per_pos.get(pos, 0.0) + v
+    drafts = _sum(samples, "vllm:spec_decode_num_drafts_total")
+    k = max(per_pos) + 1 if per_pos else None
+    spec = None
+    if drafts is not None and k is not None:
+        spec = SpecCounts(
+            num_spec_tokens=k,
+            drafts=int(drafts),
+            draft_tokens=_int(samples, "vllm:spec_decode_num_draft_tokens_total"),
+            accepted=_int(samples, "vllm:spec_decode_num_accepted_tokens_total"),
+            accepted_per_pos=tuple(int(per_pos.get(i, 0)) for i in range(k)),
+        )
+    started = _sum(samples, "process_start_time_seconds")
+    started = min(started, now) if started else now
+    block_size = _label(samples, "vllm:cache_config_info", "block_size")
+    num_blocks = _label(samples, "vllm:cache_config_info", "num_gpu_blocks")
+    running = _sum(samples, "vllm:num_requests_running")
+    waiting = _sum(samples, "vllm:num_requests_waiting")
+    return Snapshot(
+        time=now,
+        started_at=started,
+        engine=EngineInfo(
+            engine="vllm",
+            model=_label(samples, "vllm:num_requests_running", "model_name"),
+            method="speculative" if spec else None,
+            num_speculative_tokens=k,
+            block_size=int(block_size) if block_size and block_size.isdigit() else None,
+            num_blocks=int(num_blocks) if num_blocks and num_blocks.isdigit() else None,
+        ),
+        lifetime=Totals(
+            seconds=now - started,
+            steps=_int(samples, "vllm:iteration_tokens_total_count"),
+            prompt_tokens=_int(samples, "vllm:prompt_tokens_total"),
+            generation_tokens=_int(samples, "vllm:generation_tokens_total"),
+            requests=_int(samples, "vllm:request_success_total"),
+            preemptions=_int(samples, "vllm:num_preemptions_total"),
+            prefix_cache_queries=_int(samples, "vllm:prefix_cache_queries_total"),
+            prefix_cache_hits=_int(samples, "vllm:prefix_cache_hits_total"),
+            spec=spec,
+        ),
+        window=Totals(seconds=0.0),
+        window_seconds=0.0,
+        running=None if running is None else int(running),
+        waiting=None if waiting is None else int(waiting),
+        kv=KVCache(block_size=int(block_size) if block_size and block_size.isdigit() else None,
+                   num_blocks=int(num_blocks) if num_blocks and num_blocks.isdigit() else None,
+                   block_usage=_sum(samples, "vllm:kv_cache_usage_perc")),
+        gpu=GpuMemory(status="not reported by vLLM's /metrics"),
+        requests=(),
+        request_acceptance_rate=None,
+        request_acceptance_length=None,
+        request_duration=_histogram(samples, "vllm:e2e_request_latency_seconds"),
+        time_to_first_token=_histogram(samples, "vllm:time_to_first_token_seconds"),
+        time_per_output_token=_histogram(samples, "vllm:request_time_per_output_token_seconds"),
+        unavailable=METRICS_PAGE_UNAVAILABLE,
+    )
+
+
+def sglang_snapshot(samples: Samples, now: float) -> Snapshot:
+    """SGLang's ``/metrics`` (``--enable-metrics``, names ``sglang:*``) as a snapshot.
+
+    SGLang reports acceptance only as gauges (recent averages), so they go to ``Snapshot.reported`` and the
+    speculative counts stay unavailable.
+    """
+    if not any(name.startswith("sglang:") for name in samples):
+        raise ValueError("no sglang:* metrics on the page")
+    reported = []
+    for key, name in (("acceptance_rate", "sglang:spec_accept_rate"),
+                      ("mean_acceptance_length", "sglang:spec_accept_length"),
+                      ("verify_steps", "sglang:spec_verify_calls_total")):
+        v = _sum(samples, name)
+        if v is not None:
+            reported.append((key, v))
+    running = _sum(samples, "sglang:num_running_reqs")
+    waiting = _sum(samples, "sglang:num_queue_reqs")
+    return Snapshot(
+        time=now,
+        started_at=now,
+        engine=EngineInfo(engine="sglang", model=_label(samples, "sglang:num_running_reqs", "model_name"),
+                          method="speculative" if reported else None),
+        lifetime=Totals(seconds=0.0,
+                        prompt_tokens=_int(samples, "sglang:prompt_tokens_total"),
+                        generation_tokens=_int(samples, "sglang:generation_tokens_total")),
+        window=Totals(seconds=0.0),
+        window_seconds=0.0,
+        running=None if running is None else int(running),
+        waiting=None if waiting is None else int(waiting),
+        kv=KVCache(block_usage=_sum(samples, "sglang:token_usage")),
+        gpu=GpuMemory(status="not reported by SGLang's /metrics"),
+        requests=(),
+        request_acceptance_rate=None,
+        request_acceptance_length=None,
+        time_to_first_token=_histogram(samples, "sglang:time_to_first_token_seconds"),
+        request_duration=_histogram(samples, "sglang:e2e_request_latency_seconds"),
+        unavailable=(*METRICS_PAGE_UNAVAILABLE, "spec_counts"),
+        reported=tuple(reported),
+    )
+
+
+def vllm_source(url: str, timeout: float = 2.0) -> MetricsSource:
+    """An unmodified vLLM server."""
+    return MetricsSource(url, vllm_snapshot, timeout)
+
+
+def sglang_source(url: str, timeout: float = 2.0) -> MetricsSource:
+    """An SGLang server started with ``--enable-metrics``."""
+    return MetricsSource(url, sglang_snapshot, timeout)

@@ -1,0 +1,278 @@
+"""``specscope demo``: a real vLLM engine walked through the situations specscope exists for, dashboard open.
+
+Scenarios, one engine at a time (the tiny local models; greedy decoding):
+
+1. tokenizer check: a draft whose tokenizer has the target's vocabulary size but other ids (vLLM would run it);
+2. baseline: the target alone, timed at batch 1 and 8 (what makes the speedup estimate measured);
+3. good draft (an exact copy): speculation pays at batch 1, then at batch 16 it stops paying;
+4. weak draft (10% noise): acceptance falls under the threshold and the weak-draft alert fires.
+
+Each scenario is a target in the dashboard's fleet; the screen follows the running one. ``--headless`` runs the
+same scenarios without the screen and prints each scenario's summary and the alerts that fired.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from specscope.alerts.rules import Thresholds
+from specscope.collectors.scrape import HubSource
+from specscope.hub import Hub
+from specscope.model import EngineInfo, StepProfile, TokenizerStatus
+from specscope.tui.state import Target
+
+#: Short windows and waits so that every alert can come alive within the demo's couple of minutes.
+DEMO_THRESHOLDS = Thresholds(weak_draft_min_draft_tokens=100, weak_draft_for_s=3, keep_firing_for_s=600,
+                             fragmentation_for_s=5, kv_pressure_for_s=5, gpu_memory_for_s=5, window_s=10)
+WINDOW_S = 10.0
+K = 4
+SCENARIOS = ("tokenizer check", "baseline (no speculation)", "good draft (copy)", "weak draft (noise 10%)")
+#: A batch size where, on a 2-core CPU, speculation with even a perfect draft costs more than it saves.
+BIG_BATCH = 16
+ENGINE = {"enforce_eager": True, "dtype": "float32", "max_model_len": 512, "seed": 0}
+
+
+class Demo:
+    """The scenarios; ``say`` reports progress, ``show`` brings a target to the screen."""
+
+    def __init__(self, say: Callable[[str], None], show: Callable[[str], None]) -> None:
+        from specscope import tiny_models
+
+        self.say, self.show = say, show
+        self.models = tiny_models.build()
+        self.prompts = tiny_models.prompts(64, seed=5)
+        self.hubs = {name: Hub(window_s=WINDOW_S) for name in SCENARIOS}
+
+    def run(self) -> None:
+        """All scenarios, in order."""
+        self.tokenizer_check()
+        baseline = self.baseline()
+        self.good_draft(baseline)
+        self.weak_draft(baseline)
+        self.say("done: every scenario ran. Keys: tab/enter to pick an engine in the fleet, ? for help, q to quit")
+
+    def tokenizer_check(self) -> None:
+        from specscope.tokenizer_check import compare
+
+        name = "tokenizer check"
+        target, draft = str(self.models["target"]), str(self.models["other-tokenizer"])
+        self.show(name)
+        self.say("1/4 tokenizer check: a draft with the target's vocabulary size but other token ids")
+        report = compare(target, draft)
+        hub = self.hubs[name]
+        hub.set_engine(EngineInfo(model=target, draft_model=draft, method="draft_model", num_speculative_tokens=K))
+        hub.set_tokenizer_status(TokenizerStatus(report.verdict, tuple(report.reasons)))
+        self.say(f"1/4 tokenizer check: {report.verdict}; vLLM only compares vocabulary sizes and would run it")
+
+    def _engine(self, name: str, draft: str | None, baseline: StepProfile | None = None) -> Any:
+        import specscope
+
+        spec = {} if draft is None else {"speculative_config": {
+            "method": "draft_model", "model": str(self.models[draft]), "num_speculative_tokens": K}}
+        return specscope.LLM(str(self.models["target"]), specscope_hub=self.hubs[name],
+                             specscope_baseline=baseline, **spec, **ENGINE)
+
+    def _generate(self, llm: Any, batch: int, rounds: int, tokens: int = 96) -> None:
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+        for i in range(rounds):
+            start = (i * batch) % len(self.prompts)
+            llm.generate((self.prompts * 2)[start:start + batch], params, use_tqdm=False)
+
+    @staticmethod
+    def _close(llm: Any) -> None:
+        llm.llm_engine.engine_core.shutdown()
+
+    def baseline(self) -> StepProfile:
+        from specscope.wrapper import measure_step_times
+
+        name = "baseline (no speculation)"
+        self.show(name)
+        self.say("2/4 baseline: starting the target alone (about 25 s on a CPU)")
+        llm = self._engine(name, None)
+        self.say(f"2/4 baseline: timing decode steps at batch 1 and {BIG_BATCH}")
+        profile = measure_step_times(llm, (1, BIG_BATCH), tokens=48)
+        self._close(llm)
+        return profile
+
+    def good_draft(self, baseline: StepProfile) -> None:
+        name = "good draft (copy)"
+        self.show(name)
+        self.say("3/4 good draft: starting target + copy draft")
+        llm = self._engine(name, "copy", baseline)
+        self.say("3/4 good draft at batch 1: acceptance near 100%, speculation pays")
+        self._generate(llm, 1, 6)
+        self.say(f"3/4 good draft at batch {BIG_BATCH}: the same draft, but now verifying costs more than it saves")
+        self._generate(llm, BIG_BATCH, 4)
+        self._close(llm)
+
+    def weak_draft(self, baseline: StepProfile) -> None:
+        name = "weak draft (noise 10%)"
+        self.show(name)
+        self.say("4/4 weak draft: starting target + a draft with 10% noise")
+        llm = self._engine(name, "noise10", baseline)
+        self.say("4/4 weak draft: acceptance under 30%; the weak-draft alert fires")
+        self._generate(llm, 4, 10)
+        self._close(llm)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the demo, on screen or headless."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        print("specscope: error: the demo needs vLLM: install specscope[cpu] (or [vllm] on a GPU machine)",
+              file=sys.stderr)
+        return 2
+    if args.headless:
+        return _headless(args.record)
+    return _on_screen(args.record)
+
+
+def _on_screen(record: str | None) -> int:
+    """The engines run in a child process that serves each scenario's hub on a specscope endpoint (127.0.0.1);
+    the dashboard reads them with ``--url`` sources, as it would read a production server. The child's logs go
+    to a file, so they never draw over the screen."""
+    from specscope.collectors.scrape import EndpointSource
+    from specscope.tui.app import TopApp
+    from specscope.tui.record import Recorder
+
+    log_path = _cache() / "demo.log"
+    with open(log_path, "w") as log:
+        child = subprocess.Popen([sys.executable, "-m", "specscope.demo"], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=log, text=True)
+    assert child.stdout is not None
+    urls: dict[str, str] = {}
+    while len(urls) < len(SCENARIOS):
+        line = child.stdout.readline()
+        if not line:
+            print(f"specscope: error: the demo engine did not start; see {log_path}", file=sys.stderr)
+            return 1
+        msg = _decode(line)
+        if msg and msg[0] == "url":
+            urls[msg[1]] = msg[2]
+    targets = [Target(EndpointSource(url, name=name), DEMO_THRESHOLDS) for name, url in urls.items()]
+    recorder = Recorder(record) if record else None
+    started = threading.Event()
+    app = TopApp(targets, interval=1.0, window_s=WINDOW_S, recorder=recorder, thresholds=DEMO_THRESHOLDS,
+                 on_start=started.set)
+
+    def relay() -> None:
+        assert child.stdout is not None
+        started.wait()
+        for line in child.stdout:
+            msg = _decode(line)
+            if msg and msg[0] == "say":
+                app.call_from_thread(app.set_note, msg[1])
+            elif msg and msg[0] == "show":
+                app.call_from_thread(app.select, msg[1])
+
+    threading.Thread(target=relay, name="specscope-demo-relay", daemon=True).start()
+    try:
+        app.run()
+    finally:
+        child.terminate()
+        try:
+            child.wait(10)
+        except subprocess.TimeoutExpired:
+            child.kill()
+        if recorder is not None:
+            recorder.close()
+    print(f"engine log: {log_path}")
+    return 0
+
+
+def _decode(line: str) -> list[str] | None:
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        return None  # anything else a library printed
+    return msg if isinstance(msg, list) and all(isinstance(x, str) for x in msg) else None
+
+
+def _child() -> None:
+    """The engine side of the on-screen demo: serve each hub, run the scenarios, stay up until the parent goes."""
+    from specscope.endpoint import Endpoint
+
+    def send(*msg: str) -> None:
+        print(json.dumps(list(msg)), flush=True)
+
+    demo = Demo(lambda m: send("say", m), lambda name: send("show", name))
+    endpoints = [Endpoint(hub.snapshot, "127.0.0.1", 0) for hub in demo.hubs.values()]
+    for name, ep in zip(demo.hubs, endpoints, strict=True):
+        send("url", name, ep.url)
+    try:
+        demo.run()
+    except Exception as exc:  # shown on screen; the dashboard stays up
+        send("say", f"demo stopped: {type(exc).__name__}: {exc}")
+    sys.stdin.read()  # until the dashboard quits
+
+
+def _cache() -> Path:
+    """Where the demo's engine log goes (beside the tiny models)."""
+    from specscope import tiny_models
+
+    root = tiny_models.cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def _headless(record: str | None) -> int:
+    from specscope.report import summary
+    from specscope.tui.record import Recorder
+
+    fired: dict[str, set[str]] = {}
+    recorder = Recorder(record) if record else None
+    targets: dict[str, Target] = {}
+
+    def poll(demo: Demo) -> None:
+        for name, t in targets.items():
+            t.poll()
+            if recorder is not None and t.snapshot is not None:
+                recorder.write(name, t.snapshot)
+            for a in t.evaluate(WINDOW_S):
+                if a.state == "firing" and a.rule not in fired.setdefault(name, set()):
+                    fired[name].add(a.rule)
+                    print(f"  ALERT {a.rule} on '{name}': {a.summary}", flush=True)
+
+    demo = Demo(lambda msg: print(msg, flush=True), lambda name: None)
+    targets.update((name, Target(HubSource(hub, name), DEMO_THRESHOLDS)) for name, hub in demo.hubs.items())
+    done = threading.Event()
+
+    def poller() -> None:
+        while not done.wait(1.0):
+            poll(demo)
+
+    thread = threading.Thread(target=poller, daemon=True)
+    thread.start()
+    t0 = time.monotonic()
+    demo.run()
+    done.set()
+    thread.join()
+    poll(demo)
+    if recorder is not None:
+        recorder.close()
+    for name, t in targets.items():
+        snap = t.windowed(1e9)  # the whole run
+        print(f"\n== {name}")
+        if snap is not None:
+            print(summary(snap))
+        print("alerts fired: " + (", ".join(sorted(fired.get(name, ()))) or "none"))
+    print(f"\ndemo finished in {time.monotonic() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    _child()

@@ -1,0 +1,118 @@
+"""``specscope top``: a terminal dashboard over specscope endpoints, vLLM and SGLang servers, or a recording."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from specscope.alerts.rules import Thresholds
+from specscope.collectors.scrape import EndpointSource, Source, sglang_source, vllm_source
+from specscope.tui.state import Target
+
+
+class UsageError(ValueError):
+    """Bad arguments: one line, exit code 2."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``top`` command's options."""
+    p.add_argument("--url", action="append", default=[], metavar="URL",
+                   help="a specscope endpoint (http://127.0.0.1:9464, or a server's /specscope)")
+    p.add_argument("--vllm", action="append", default=[], metavar="URL", help="an unmodified vLLM server")
+    p.add_argument("--sglang", action="append", default=[], metavar="URL", help="an SGLang server (--enable-metrics)")
+    p.add_argument("--replay", metavar="FILE", help="play a recording made with --record")
+    p.add_argument("--record", metavar="FILE", help="record every snapshot to FILE (JSON lines)")
+    p.add_argument("--record-max-mb", type=float, default=100.0, help="stop recording at this size (default 100)")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between polls (default 1)")
+    p.add_argument("--window", type=float, default=60.0, help="window length in seconds (default 60)")
+    p.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for a target (default 2)")
+    p.add_argument("--thresholds", help="JSON or YAML file of alert threshold overrides")
+    p.add_argument("--once", action="store_true", help="print one snapshot as text and exit")
+    p.add_argument("--json", action="store_true", help="with --once: print it as JSON")
+
+
+def sources(args: argparse.Namespace) -> list[Source]:
+    """The targets the arguments name; UsageError when there are none or they conflict."""
+    out: list[Source] = [EndpointSource(u, args.timeout) for u in args.url]
+    out += [vllm_source(u, args.timeout) for u in args.vllm]
+    out += [sglang_source(u, args.timeout) for u in args.sglang]
+    if args.replay and out:
+        raise UsageError("--replay plays a recording; it does not mix with --url, --vllm or --sglang")
+    if not out and not args.replay:
+        raise UsageError("name a target: --url, --vllm, --sglang or --replay FILE (or run `specscope demo`)")
+    if args.interval <= 0 or args.window <= 0 or args.timeout <= 0 or args.record_max_mb <= 0:
+        raise UsageError("--interval, --window, --timeout and --record-max-mb must be positive")
+    if args.json and not args.once:
+        raise UsageError("--json goes with --once")
+    return out
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``specscope top``; returns the exit code."""
+    from specscope.alerts.rules import RuleConfigError, load_thresholds
+    from specscope.tui.record import Player, Recorder, ReplaySource
+
+    try:
+        srcs = sources(args)
+        thresholds = load_thresholds(args.thresholds) if args.thresholds else Thresholds()
+        player = None
+        if args.replay:
+            player = Player(args.replay)
+            srcs = [ReplaySource(player, name) for name in player.targets]
+    except (UsageError, RuleConfigError, ValueError) as exc:
+        print(f"specscope: error: {exc}", file=sys.stderr)
+        return 2
+    targets = [Target(s, thresholds) for s in srcs]
+    if args.once:
+        return _once(targets, args, player)
+    try:
+        recorder = Recorder(args.record, int(args.record_max_mb * (1 << 20))) if args.record else None
+    except OSError as exc:
+        print(f"specscope: error: cannot write {args.record}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    from specscope.tui.app import TopApp
+
+    app = TopApp(targets, interval=args.interval, window_s=args.window, player=player, recorder=recorder,
+                 thresholds=thresholds)
+    try:
+        app.run()
+    finally:
+        if recorder is not None:
+            recorder.close()
+    return 0
+
+
+def _once(targets: list[Target], args: argparse.Namespace, player: object | None) -> int:
+    from specscope.report import request_table, summary
+    from specscope.tui.app import run_once
+    from specscope.tui.record import Player
+
+    if isinstance(player, Player):
+        while not player.finished:  # the end of the recording
+            player.advance(3600.0)
+        for t in targets:
+            t.poll()
+    else:
+        run_once(targets, args.window)
+    failed = [t for t in targets if t.error or t.snapshot is None]
+    for t in failed:
+        print(f"specscope: {t.name}: {t.error or 'no snapshot'}", file=sys.stderr)
+    good = [t for t in targets if t not in failed]
+    if args.json:
+        docs = {t.name: t.windowed(args.window).to_dict() for t in good}  # type: ignore[union-attr]
+        print(json.dumps(next(iter(docs.values())) if len(targets) == 1 and docs else docs, indent=1))
+    else:
+        for t in good:
+            snap = t.windowed(args.window)
+            assert snap is not None
+            alerts = t.evaluate(args.window)
+            print(f"== {t.name}")
+            print(summary(snap))
+            if "requests" not in snap.unavailable and snap.requests:
+                print(request_table(snap.requests[-10:]))
+            for a in alerts:
+                print(f"alert {a.state} {a.rule}: {a.summary}")
+            for what in snap.unavailable:
+                print(f"n/a from this source: {what}")
+    return 1 if failed else 0

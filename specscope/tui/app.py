@@ -1,0 +1,337 @@
+"""``specscope top``: the Textual dashboard.
+
+Sources are polled on worker threads (a slow or dead target never blocks the screen or the others); each poll
+updates the targets' state, then one frame redraws the panels from :mod:`specscope.tui.view`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, ClassVar
+
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import DataTable, Footer, Input, Static
+
+from specscope.alerts.evaluate import Alert
+from specscope.alerts.rules import Thresholds
+from specscope.tui import view
+from specscope.tui.record import Player, Recorder
+from specscope.tui.state import Target
+from specscope.tui.table import RequestTable
+
+#: Window lengths the ``w`` key cycles through, in seconds.
+WINDOWS = (10.0, 60.0, 300.0)
+
+HELP = """\
+q quit            p pause / resume (replay: play / pause)
+s next sort column    S reverse the sort    a worst acceptance first
+/ filter requests: text, acc<0.3 or acc>0.8 (Enter applies, Esc clears)
+tab next panel    enter on a fleet row: show that engine
+w window length (10 s, 60 s, 300 s)    r reset the window
+replay: n step one snapshot, + faster, - slower
+? this help (Esc closes)"""
+
+
+class HelpScreen(ModalScreen[None]):
+    """The keys."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,question_mark,q", "dismiss", "Close")]
+
+    def compose(self) -> ComposeResult:
+        yield Static(HELP, id="help")
+
+
+class TopApp(App[None]):
+    """The dashboard over one or more targets."""
+
+    TITLE = "specscope top"
+    CSS = """
+    Screen { layout: vertical; overflow: hidden; }
+    #header { height: auto; max-height: 4; }
+    #fleet { height: auto; max-height: 10; }
+    #panels { height: auto; max-height: 14; }
+    #spec { width: 3fr; height: auto; margin: 0 1 0 0; }
+    #side-col { width: 2fr; height: auto; }
+    #kv, #gpu, #alerts { height: auto; }
+    #alerts { max-height: 8; border-top: solid $primary; }
+    .compact #alerts { max-height: 4; text-wrap: nowrap; text-overflow: ellipsis; }
+    .compact #fleet { max-height: 5; }
+    .compact #panels { max-height: 8; }
+    .compact #header { max-height: 2; }
+    #requests-title { height: 1; text-style: bold; }
+    #requests-header { height: 1; text-style: underline; }
+    #requests { height: 1fr; min-height: 3; }
+    #filter { display: none; height: 3; }
+    #filter.open { display: block; }
+    #help { border: round $primary; width: auto; height: auto; padding: 1 2; background: $surface; }
+    HelpScreen { align: center middle; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("q", "quit", "Quit"),
+        Binding("p", "pause", "Pause"),
+        Binding("s", "sort", "Sort"),
+        Binding("S", "reverse", "Reverse", show=False),
+        Binding("a", "worst", "Worst acc."),
+        Binding("slash", "filter", "Filter"),
+        Binding("w", "window", "Window"),
+        Binding("r", "reset", "Reset"),
+        Binding("n", "step", "Step", show=False),
+        Binding("plus", "speed(2.0)", "Faster", show=False),
+        Binding("minus", "speed(0.5)", "Slower", show=False),
+        Binding("question_mark", "help", "Help"),
+        Binding("escape", "clear_filter", "Clear filter", show=False),
+    ]
+
+    def __init__(self, targets: list[Target], *, interval: float = 1.0, window_s: float = 60.0,
+                 player: Player | None = None, recorder: Recorder | None = None,
+                 thresholds: Thresholds | None = None, on_start: Callable[[], None] | None = None) -> None:
+        super().__init__()
+        self.on_start = on_start
+        self.targets = targets
+        self.current = targets[0]
+        self.interval = interval
+        self.window_s = window_s
+        self.player = player
+        self.recorder = recorder
+        self.threshold = (thresholds or Thresholds()).weak_draft_acceptance
+        self.paused = False
+        self.sort = 0
+        self.reverse = False
+        self.filter_text = ""
+        self.alerts: dict[str, list[Alert]] = {t.name: [] for t in targets}
+        self.frames = 0
+        self.note = ""
+        self._pool = ThreadPoolExecutor(max_workers=min(8, len(targets)), thread_name_prefix="specscope-top")
+        self._rows_key: Any = None
+
+    # ----------------------------------------------------------------- layout
+    def compose(self) -> ComposeResult:
+        yield Static(id="header")
+        fleet: DataTable[str] = DataTable(id="fleet", cursor_type="row", zebra_stripes=True)
+        fleet.add_columns(*view.FLEET_COLUMNS)
+        fleet.display = len(self.targets) > 1
+        yield fleet
+        with Horizontal(id="panels"):
+            yield Static(id="spec")
+            with Vertical(id="side-col"):
+                yield Static(id="kv")
+                yield Static(id="gpu")
+        yield Static(id="alerts")
+        yield Input(placeholder="filter: text, acc<0.3, acc>0.8", id="filter")
+        yield Static(id="requests-title")
+        yield Static(id="requests-header")
+        yield RequestTable(id="requests")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        if self.interval > 0:
+            self.set_interval(self.interval, self._tick)
+            self._tick()
+        else:
+            self.refresh_view()
+        if self.on_start is not None:
+            self.on_start()
+
+    # ----------------------------------------------------------------- polling
+    def _tick(self) -> None:
+        if self.player is not None:
+            self.player.advance(self.interval)
+        elif self.paused:
+            return
+        self.run_worker(self._poll_all, thread=True, exclusive=True, group="poll")
+
+    def _poll_all(self) -> None:
+        self.poll_now()
+        self.call_from_thread(self.refresh_view)
+
+    def poll_now(self) -> None:
+        """Poll every target once (concurrently), evaluate alerts and record; safe on any thread."""
+        list(self._pool.map(Target.poll, self.targets))
+        for t in self.targets:
+            self.alerts[t.name] = t.evaluate(self.window_s)
+            if self.recorder is not None and t.snapshot is not None and not t.error:
+                self.recorder.write(t.name, t.snapshot)
+
+    # ----------------------------------------------------------------- drawing
+    def set_note(self, note: str) -> None:
+        """A line for the header (the demo's current scenario)."""
+        self.note = note
+        self.refresh_view()
+
+    def select(self, name: str) -> None:
+        """Show the target called ``name``."""
+        self.current = next((t for t in self.targets if t.name == name), self.current)
+        self._rows_key = None
+        self.refresh_view()
+
+    def _status(self) -> str:
+        parts = [self.note] if self.note else []
+        if self.player is not None:
+            p = self.player
+            state = "paused" if p.paused else ("ended" if p.finished else "playing")
+            parts.append(f"replay {state} {p.speed:g}x at +{p.position - self.player_start:.0f}s")
+        elif self.paused:
+            parts.append("PAUSED")
+        if self.recorder is not None:
+            parts.append("recording FULL (stopped)" if self.recorder.full else f"recording {self.recorder.path.name}")
+        if self.filter_text:
+            parts.append(f"filter {self.filter_text!r}")
+        return "  ".join(parts)
+
+    @property
+    def player_start(self) -> float:
+        """The recording's first timestamp."""
+        return self.player._start or 0.0 if self.player is not None else 0.0
+
+    def refresh_view(self) -> None:
+        """Redraw every panel from the targets' state."""
+        self.frames += 1
+        cur = self.current
+        snap = cur.windowed(self.window_s)
+        compact = self.size.height < 32 or self.size.width < 100
+        self.query_one("#header", Static).update(
+            view.header(self.targets, cur, self.window_s, self._status(), compact))
+        self.screen.set_class(compact, "compact")
+        self.query_one("#spec", Static).update(
+            view.spec_panel(snap, self.threshold, cur.series("acceptance"), compact=compact))
+        self.query_one("#kv", Static).update(view.kv_panel(snap, None if compact else cur.series("kv_usage")))
+        self.query_one("#gpu", Static).update(view.gpu_panel(snap))
+        self.query_one("#alerts", Static).update(view.alerts_panel(self.alerts.get(cur.name, []), compact))
+        if len(self.targets) > 1:
+            self._draw_fleet()
+        self._draw_requests(snap)
+
+    def _draw_fleet(self) -> None:
+        table = self.query_one("#fleet", DataTable)
+        rows = [view.fleet_row(t, len(self.alerts.get(t.name, []))) for t in self.targets]
+        if table.row_count != len(rows):
+            table.clear()
+            for t, row in zip(self.targets, rows, strict=True):
+                table.add_row(*row, key=t.name)
+            return
+        for t, row in zip(self.targets, rows, strict=True):
+            for col, value in zip(table.columns, row, strict=True):
+                table.update_cell(t.name, col, value, update_width=True)
+
+    def _draw_requests(self, snap: Any) -> None:
+        title = self.query_one("#requests-title", Static)
+        table = self.query_one("#requests", RequestTable)
+        if snap is None:
+            title.update("REQUESTS")
+            return
+        if "requests" in snap.unavailable:
+            title.update("REQUESTS: per-request rows are n/a from a /metrics page (use a specscope endpoint)")
+        else:
+            label = view.COLUMNS[self.sort][0]
+            title.update(f"REQUESTS ({len(snap.requests)} recent) by {label}{' reversed' if self.reverse else ''}"
+                         "  keys: s sort  S reverse  a worst  / filter")
+        last = snap.requests[-1].seq if snap.requests else None
+        key = (self.current.name, len(snap.requests), last, self.sort, self.reverse, self.filter_text)
+        if key == self._rows_key:
+            return  # nothing new: leave the table (and its cursor) alone
+        self._rows_key = key
+        self.query_one("#requests-header", Static).update(view.header_text(self.sort, self.reverse))
+        table.set_records(view.select_requests(snap.requests, self.sort, self.reverse, self.filter_text))
+
+    # ----------------------------------------------------------------- actions
+    def action_pause(self) -> None:
+        """Stop or resume polling (replay: play or pause)."""
+        if self.player is not None:
+            self.player.paused = not self.player.paused
+        else:
+            self.paused = not self.paused
+        self.refresh_view()
+
+    def action_sort(self) -> None:
+        """Sort the requests by the next column."""
+        self.sort = (self.sort + 1) % len(view.COLUMNS)
+        self.refresh_view()
+
+    def action_reverse(self) -> None:
+        """Reverse the sort."""
+        self.reverse = not self.reverse
+        self.refresh_view()
+
+    def action_worst(self) -> None:
+        """Worst acceptance first."""
+        self.sort, self.reverse = 1, False
+        self.refresh_view()
+
+    def action_filter(self) -> None:
+        """Open the filter box."""
+        box = self.query_one("#filter", Input)
+        box.add_class("open")
+        box.value = self.filter_text
+        box.focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        """Apply the filter and close the box."""
+        self.filter_text = event.value.strip()
+        event.input.remove_class("open")
+        self.query_one("#requests", RequestTable).focus()
+        self.refresh_view()
+
+    def action_clear_filter(self) -> None:
+        """Clear the filter."""
+        box = self.query_one("#filter", Input)
+        box.remove_class("open")
+        self.filter_text = ""
+        self.query_one("#requests", RequestTable).focus()
+        self.refresh_view()
+
+    def action_window(self) -> None:
+        """Cycle the window length."""
+        later = [w for w in WINDOWS if w > self.window_s]
+        self.window_s = later[0] if later else WINDOWS[0]
+        self.refresh_view()
+
+    def action_reset(self) -> None:
+        """Start the window afresh."""
+        for t in self.targets:
+            t.reset()
+        self.refresh_view()
+
+    def action_step(self) -> None:
+        """Replay: show the next snapshot."""
+        if self.player is not None:
+            self.player.paused = True
+            self.player.step()
+            self.poll_now()
+            self.refresh_view()
+
+    def action_speed(self, factor: float) -> None:
+        """Replay: change the speed."""
+        if self.player is not None:
+            self.player.speed = min(64.0, max(0.25, self.player.speed * factor))
+            self.refresh_view()
+
+    def action_help(self) -> None:
+        """Show the keys."""
+        self.push_screen(HelpScreen())
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        """Enter on a fleet row: show that engine below."""
+        if event.data_table.id == "fleet" and event.row_key.value is not None:
+            self.select(event.row_key.value)
+
+    def on_resize(self) -> None:
+        """Re-lay the panels for the new size (compact under 100×32), once the app has taken it."""
+        self.call_after_refresh(self.refresh_view)
+
+    def on_unmount(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def run_once(targets: list[Target], window_s: float, settle_s: float = 1.0) -> None:
+    """Poll twice, ``settle_s`` apart, so /metrics sources get a window; for ``--once``."""
+    for t in targets:
+        t.poll()
+    if settle_s > 0 and any("window" in (t.snapshot.unavailable if t.snapshot else ()) for t in targets):
+        time.sleep(settle_s)
+        for t in targets:
+            t.poll()

@@ -1,0 +1,155 @@
+"""``--record FILE`` and ``--replay FILE``: snapshots as JSON lines, compact and bounded.
+
+Each line is ``{"t": time, "target": name, "snapshot": {...}}``. To stay compact a line carries only the request
+records that finished since the target's previous line (``"requests"`` holds the new ones, each written once it
+is complete; replay rebuilds the table). A recording stops growing at ``max_bytes`` and says so. Replay reads
+the file as it plays, so memory is flat however long the recording is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import deque
+from pathlib import Path
+from typing import IO, Any
+
+from specscope.collectors.scrape import SourceError
+from specscope.hub import Hub
+from specscope.model import RequestRecord, Snapshot
+
+#: Request rows a replayed target keeps, as the hub does by default.
+MAX_REQUESTS = 1000
+
+
+class Recorder:
+    """Appends snapshots to a JSON-lines file until it reaches ``max_bytes``."""
+
+    def __init__(self, path: str | Path, max_bytes: int = 100 << 20) -> None:
+        self.path = Path(path)
+        self.max_bytes = max_bytes
+        self._file: IO[str] = self.path.open("w", encoding="utf-8")
+        self._written = 0
+        self._last_seq: dict[str, int] = {}
+        self.full = False
+
+    def write(self, target: str, snap: Snapshot) -> None:
+        """Add one snapshot of ``target``."""
+        if self.full:
+            return
+        # A record may still be waiting for its second part; it is written once that time has passed.
+        last, settled = self._last_seq.get(target, 0), snap.time - Hub.PENDING_TIMEOUT_S
+        new = [r for r in snap.requests if r.seq > last and r.finished_at <= settled]
+        if new:
+            self._last_seq[target] = new[-1].seq
+        d = dataclasses.asdict(dataclasses.replace(snap, requests=tuple(new)))
+        line = json.dumps({"t": snap.time, "target": target, "snapshot": d}, separators=(",", ":")) + "\n"
+        if self._written + len(line) > self.max_bytes:
+            self.full = True
+            self._file.flush()
+            return
+        self._file.write(line)
+        self._written += len(line)
+        self._file.flush()
+
+    def close(self) -> None:
+        """Close the file."""
+        self._file.close()
+
+
+class Player:
+    """Plays a recording back against a clock that the dashboard advances (pause, step, speed)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        try:
+            self._file: IO[str] = self.path.open(encoding="utf-8")
+        except OSError as exc:
+            raise ValueError(f"cannot read recording {path}: {exc.strerror or exc}") from None
+        self.targets: list[str] = []
+        self._start: float | None = None
+        for line in self._file:  # one pass for the target names and the start time; nothing is kept
+            rec = self._decode(line)
+            if rec is None:
+                continue
+            if self._start is None:
+                self._start = rec[0]
+            if rec[1] not in self.targets:
+                self.targets.append(rec[1])
+        if self._start is None:
+            raise ValueError(f"{path} holds no specscope snapshots")
+        self._file.seek(0)
+        self.position = self._start  # the recording's time now on screen
+        self.speed = 1.0
+        self.paused = False
+        self.finished = False
+        self._latest: dict[str, Snapshot] = {}
+        self._requests: dict[str, deque[RequestRecord]] = {t: deque(maxlen=MAX_REQUESTS) for t in self.targets}
+        self._ahead: tuple[float, str, dict[str, Any]] | None = None
+
+    @staticmethod
+    def _decode(line: str) -> tuple[float, str, dict[str, Any]] | None:
+        try:
+            d = json.loads(line)
+            return float(d["t"]), str(d["target"]), d["snapshot"]
+        except (ValueError, KeyError, TypeError):
+            return None  # a torn or foreign line is skipped
+
+    def advance(self, seconds: float) -> None:
+        """Move the playback clock on by ``seconds`` × speed (nothing while paused)."""
+        if not self.paused:
+            self._play_until(self.position + seconds * self.speed)
+
+    def step(self) -> None:
+        """Show the next recorded snapshot, paused or not."""
+        nxt = self._peek()
+        if nxt is not None:
+            self._play_until(nxt[0])
+
+    def _peek(self) -> tuple[float, str, dict[str, Any]] | None:
+        while self._ahead is None:
+            line = self._file.readline()
+            if not line:
+                self.finished = True
+                return None
+            self._ahead = self._decode(line)
+        return self._ahead
+
+    def _play_until(self, t: float) -> None:
+        while (nxt := self._peek()) is not None and nxt[0] <= t:
+            self._ahead = None
+            _, target, d = nxt
+            try:
+                snap = Snapshot.from_dict(d)
+            except ValueError:
+                continue
+            kept = self._requests.setdefault(target, deque(maxlen=MAX_REQUESTS))
+            kept.extend(snap.requests)
+            self._latest[target] = dataclasses.replace(snap, requests=tuple(kept))
+        self.position = max(self.position, t)
+
+    def latest(self, target: str) -> Snapshot:
+        """The newest snapshot of ``target`` played so far."""
+        snap = self._latest.get(target)
+        if snap is None:
+            raise SourceError(f"{target}: not yet in the recording")
+        return snap
+
+    def close(self) -> None:
+        """Close the file."""
+        self._file.close()
+
+
+class ReplaySource:
+    """One recorded target, as a dashboard source."""
+
+    #: Not a live target: no fetch latency to show.
+    live = False
+
+    def __init__(self, player: Player, name: str) -> None:
+        self.player = player
+        self.name = name
+
+    def fetch(self) -> Snapshot:
+        """The newest played snapshot of this target."""
+        return self.player.latest(self.name)

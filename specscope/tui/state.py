@@ -1,0 +1,143 @@
+"""What the dashboard knows about each target: the last snapshot, the source's health, and a bounded history.
+
+Windows are computed here, from the difference between the latest lifetime counters and those ``w`` seconds
+earlier, so they work the same for every source (a /metrics page has no window of its own), and ``w`` and ``r``
+act on the screen without touching the engine. Alerts are evaluated on the windowed snapshot.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from specscope.alerts.evaluate import Alert, Evaluator
+from specscope.alerts.rules import Thresholds
+from specscope.collectors.scrape import Source, SourceError
+from specscope.hub import Hub
+from specscope.model import Snapshot, SpecCounts, Totals
+
+#: History points kept per target (one per poll): 15 minutes at the default interval.
+HISTORY = 900
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One poll's numbers, for windows and sparklines."""
+
+    time: float
+    lifetime: Totals
+    kv_usage: float | None
+
+
+def minus(a: Totals, b: Totals) -> Totals:
+    """The counts of ``a`` since ``b`` (both lifetime totals of one engine)."""
+    spec = a.spec
+    if a.spec is not None and b.spec is not None:
+        spec = SpecCounts(
+            num_spec_tokens=a.spec.num_spec_tokens,
+            drafts=a.spec.drafts - b.spec.drafts,
+            draft_tokens=a.spec.draft_tokens - b.spec.draft_tokens,
+            accepted=a.spec.accepted - b.spec.accepted,
+            accepted_per_pos=tuple(x - y for x, y in zip(a.spec.accepted_per_pos, b.spec.accepted_per_pos,
+                                                         strict=False)),
+            draft_tokens_per_pos=tuple(x - y for x, y in zip(a.spec.draft_tokens_per_pos,
+                                                             b.spec.draft_tokens_per_pos, strict=False)),
+        )
+    return Totals(
+        seconds=a.seconds - b.seconds,
+        steps=a.steps - b.steps,
+        prompt_tokens=a.prompt_tokens - b.prompt_tokens,
+        generation_tokens=a.generation_tokens - b.generation_tokens,
+        requests=a.requests - b.requests,
+        preemptions=a.preemptions - b.preemptions,
+        prefix_cache_queries=a.prefix_cache_queries - b.prefix_cache_queries,
+        prefix_cache_hits=a.prefix_cache_hits - b.prefix_cache_hits,
+        spec=spec,
+    )
+
+
+class Target:
+    """One engine on the screen."""
+
+    def __init__(self, source: Source, thresholds: Thresholds | None = None, history: int = HISTORY,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.source = source
+        self.name = source.name
+        self.snapshot: Snapshot | None = None
+        self.error: str | None = None
+        self.last_ok: float | None = None
+        self.fetch_ms: float | None = None
+        self.points: deque[Point] = deque(maxlen=history)
+        self.polls = 0
+        self._clock = clock
+        self._evaluator = Evaluator(Hub(), thresholds=thresholds, clock=self._snapshot_time)
+
+    def _snapshot_time(self) -> float:
+        return self.snapshot.time if self.snapshot is not None else self._clock()
+
+    def poll(self) -> None:
+        """Fetch once; a failure of any kind is shown as the target's error, never raised."""
+        t0 = time.perf_counter()
+        try:
+            snap = self.source.fetch()
+        except SourceError as exc:
+            self.error = str(exc)
+            return
+        except Exception as exc:  # a source must never take the dashboard down
+            self.error = f"{type(exc).__name__}: {exc}"
+            return
+        self.fetch_ms = 1e3 * (time.perf_counter() - t0)
+        if self.points and snap.lifetime.generation_tokens < self.points[-1].lifetime.generation_tokens:
+            self.points.clear()  # the engine restarted: its counters began again
+        self.snapshot, self.error, self.last_ok = snap, None, self._clock()
+        self.polls += 1
+        self.points.append(Point(snap.time, snap.lifetime, snap.kv.block_usage))
+
+    def reset(self) -> None:
+        """Start the window afresh from the latest poll."""
+        if self.points:
+            last = self.points[-1]
+            self.points.clear()
+            self.points.append(last)
+
+    def windowed(self, seconds: float) -> Snapshot | None:
+        """The last snapshot with its window replaced by the last ``seconds`` of polls."""
+        snap = self.snapshot
+        if snap is None:
+            return None
+        if self.polls < 2 and "window" not in snap.unavailable:
+            return snap  # one poll so far: the source's own window is the best there is
+        start = self.points[-1]
+        for p in reversed(self.points):
+            if snap.time - p.time > seconds:
+                break
+            start = p
+        window = minus(snap.lifetime, start.lifetime) if start is not self.points[-1] else Totals(
+            seconds=0.0, spec=SpecCounts(snap.lifetime.spec.num_spec_tokens) if snap.lifetime.spec else None)
+        return replace(snap, window=window, window_seconds=seconds)
+
+    def evaluate(self, seconds: float) -> list[Alert]:
+        """Pending and firing alerts on the windowed snapshot."""
+        snap = self.windowed(seconds)
+        if snap is not None:
+            self._evaluator.evaluate(snap)
+        return self._evaluator.active()
+
+    def series(self, what: str, n: int = 60) -> list[float]:
+        """Per-poll values for a sparkline: ``acceptance``, ``tokens_per_s`` or ``kv_usage``."""
+        pts = list(self.points)[-(n + 1):]
+        out: list[float] = []
+        for a, b in itertools.pairwise(pts):
+            if what == "kv_usage":
+                out.append(b.kv_usage or 0.0)
+                continue
+            d = minus(b.lifetime, a.lifetime)
+            if what == "acceptance":
+                out.append((d.spec.acceptance_rate or 0.0) if d.spec else 0.0)
+            else:
+                dt = b.time - a.time
+                out.append(d.generation_tokens / dt if dt > 0 else 0.0)
+        return out

@@ -1,0 +1,171 @@
+"""Pilot tests: every key, sorting, filtering, pause, resize to 80×24, source loss and recovery, fleet drill-down."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from specscope.collectors.scrape import EndpointSource
+from specscope.tui.app import HelpScreen, TopApp
+from specscope.tui.state import Target
+from specscope.tui.table import RequestTable
+from tests.tui.conftest import replay_app
+from tests.tui.helpers import Clock, busy_hub, http_server, reply
+
+pytestmark = pytest.mark.anyio
+
+WEAK = "weak draft (noise 10%)"
+
+
+def rates(app: TopApp) -> list[float | None]:
+    return [r.acceptance_rate for r in app.query_one("#requests", RequestTable).records]
+
+
+async def test_sort_worst_reverse_and_filter() -> None:
+    app = replay_app(105, only=WEAK)
+    async with app.run_test(size=(120, 40)) as pilot:
+        table = app.query_one("#requests", RequestTable)
+        assert table.row_count > 20
+        seqs = [r.seq for r in table.records]
+        assert seqs == sorted(seqs, reverse=True)  # newest first
+        await pilot.press("a")
+        worst = rates(app)
+        assert worst == sorted(worst) and worst[0] == min(r.acceptance_rate for r in table.records)  # type: ignore[type-var]
+        await pilot.press("S")
+        assert rates(app) == sorted(worst, reverse=True)
+        await pilot.press("s")
+        assert app.sort == 2  # acceptance length
+        lengths = [r.mean_acceptance_length for r in table.records]
+        assert lengths == sorted(lengths, reverse=True)  # type: ignore[type-var]
+        for _ in range(len(app.targets) and 7):
+            await pilot.press("s")
+        assert app.sort == 1
+        await pilot.press("slash", *"acc<0.15", "enter")
+        assert app.filter_text == "acc<0.15"
+        kept = rates(app)
+        assert kept and all(r is not None and r < 0.15 for r in kept)
+        assert app.focused is table
+        await pilot.press("escape")
+        assert app.filter_text == ""
+        one = table.records[-1].request_id
+        await pilot.press("slash", *one, "enter")  # text matches request ids
+        assert one in [r.request_id for r in table.records] and all(one in r.request_id for r in table.records)
+        await pilot.press("escape")
+        assert app.filter_text == "" and table.row_count > 20
+        await pilot.press("down", "down")
+        assert table.cursor == 2
+
+
+async def test_pause_window_reset_help_and_quit() -> None:
+    app = replay_app(100, only=WEAK)
+    async with app.run_test(size=(120, 40)) as pilot:
+        assert app.player is not None and app.player.paused
+        await pilot.press("p")
+        assert not app.player.paused
+        await pilot.press("p")
+        assert app.player.paused
+        before = app.player.position
+        await pilot.press("n")
+        assert app.player.position > before  # one recorded snapshot on
+        await pilot.press("plus", "plus")
+        assert app.player.speed == 4.0
+        await pilot.press("minus")
+        assert app.player.speed == 2.0
+        assert app.window_s == 10.0
+        await pilot.press("w")
+        assert app.window_s == 60.0
+        await pilot.press("w", "w")
+        assert app.window_s == 10.0
+        assert app.current.windowed(10).window.generation_tokens > 0  # type: ignore[union-attr]
+        await pilot.press("r")
+        assert app.current.windowed(10).window.generation_tokens == 0  # type: ignore[union-attr]
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+        await pilot.press("tab")
+        assert app.focused is not None
+        await pilot.press("q")
+    assert not app.is_running
+
+
+async def test_live_pause_stops_polling() -> None:
+    hub = busy_hub(Clock())
+
+    class Src:
+        name = "hub"
+        calls = 0
+
+        def fetch(self) -> Any:
+            Src.calls += 1
+            return hub.snapshot()
+
+    app = TopApp([Target(Src())], interval=0.05)
+    async with app.run_test() as pilot:
+        await pilot.pause(0.3)
+        assert Src.calls >= 2
+        await pilot.press("p")
+        assert app.paused and "PAUSED" in str(app.query_one("#header").render())
+        await pilot.pause(0.1)
+        frozen = Src.calls
+        await pilot.pause(0.3)
+        assert Src.calls <= frozen + 1  # at most one poll already under way
+        await pilot.press("p")
+        await pilot.pause(0.3)
+        assert Src.calls > frozen + 1
+
+
+async def test_resize_to_80x24_keeps_every_panel() -> None:
+    app = replay_app(105)
+    async with app.run_test(size=(140, 50)) as pilot:
+        app.select(WEAK)
+        assert not app.screen.has_class("compact")
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        assert app.screen.has_class("compact")
+        for panel in ("#header", "#fleet", "#spec", "#kv", "#gpu", "#alerts", "#requests"):
+            region = app.query_one(panel).region
+            assert region.height >= 1 and region.right <= 80 and region.bottom <= 24, panel
+        assert "WEAK" in str(app.query_one("#spec").render())
+
+
+async def test_fleet_drill_down() -> None:
+    app = replay_app(105)
+    async with app.run_test(size=(120, 40)) as pilot:
+        assert app.current.name == "tokenizer check"
+        fleet = app.query_one("#fleet")
+        fleet.focus()
+        await pilot.press("down", "down", "down", "enter")
+        assert app.current.name == WEAK
+        assert app.query_one("#requests", RequestTable).row_count > 0
+
+
+async def test_source_loss_and_recovery() -> None:
+    hub = busy_hub(Clock())
+    state = {"up": True}
+
+    def handle(req: Any) -> None:
+        if state["up"]:
+            reply(req, 200, json.dumps(hub.snapshot().to_dict()).encode())
+        else:
+            reply(req, 200, b"garbage")
+
+    with http_server(handle) as url:
+        app = TopApp([Target(EndpointSource(url, timeout=0.5))], interval=0)
+        async with app.run_test(size=(100, 30)) as pilot:
+            app.poll_now()
+            app.refresh_view()
+            assert "source ok" in str(app.query_one("#header").render())
+            state["up"] = False
+            app.poll_now()
+            app.refresh_view()
+            await pilot.pause()
+            header = str(app.query_one("#header").render())
+            assert "SOURCE DOWN" in header and "not a specscope snapshot" in header
+            assert app.query_one("#requests", RequestTable).row_count == 30  # the last good numbers stay
+            state["up"] = True
+            app.poll_now()
+            app.refresh_view()
+            assert "source ok" in str(app.query_one("#header").render())

@@ -1,0 +1,34 @@
+"""SVG snapshots of each screen, fed from the fixed recording (pytest-textual-snapshot; --snapshot-update)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.tui.conftest import replay_app
+
+
+def test_weak_draft_with_alerts(snap_compare: Any) -> None:
+    assert snap_compare(replay_app(105, only="weak draft (noise 10%)"), terminal_size=(120, 40))
+
+
+def test_fleet(snap_compare: Any) -> None:
+    assert snap_compare(replay_app(80), terminal_size=(110, 40))
+
+
+def test_fleet_at_80x24(snap_compare: Any) -> None:
+    assert snap_compare(replay_app(80), terminal_size=(80, 24))
+
+
+def test_worst_requests_first(snap_compare: Any) -> None:
+    assert snap_compare(replay_app(105, only="weak draft (noise 10%)"), press=["a"], terminal_size=(100, 34))
+
+
+def test_help(snap_compare: Any) -> None:
+    assert snap_compare(replay_app(10), press=["question_mark"], terminal_size=(90, 30))
+
+
+def test_no_color(snap_compare: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert snap_compare(replay_app(105, only="weak draft (noise 10%)"), terminal_size=(100, 34))

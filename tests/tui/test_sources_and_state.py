@@ -1,0 +1,138 @@
+"""Sources map what they fetch into the snapshot model; targets survive bad sources; windows come from history."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from specscope.collectors.promtext import parse
+from specscope.collectors.scrape import EndpointSource, SourceError, sglang_snapshot, sglang_source, vllm_snapshot
+from specscope.endpoint import Endpoint
+from specscope.model import Snapshot
+from specscope.tui.state import Target, minus
+from tests.tui.helpers import Clock, busy_hub, feed, http_server, reply
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+
+
+def test_snapshot_round_trips_through_json() -> None:
+    snap = busy_hub(Clock()).snapshot()
+    assert Snapshot.from_dict(json.loads(json.dumps(snap.to_dict()))) == snap
+    with pytest.raises(ValueError, match="not a specscope snapshot"):
+        Snapshot.from_dict({"time": "yesterday"})
+
+
+def test_endpoint_source_reads_the_full_snapshot() -> None:
+    hub = busy_hub(Clock())
+    ep = Endpoint(hub.snapshot, "127.0.0.1", 0)
+    try:
+        got = EndpointSource(ep.url).fetch()
+    finally:
+        ep.close()
+    assert got == hub.snapshot()
+    assert len(got.requests) == 30 and got.unavailable == ()
+
+
+def test_vllm_page_maps_to_engine_counters() -> None:
+    samples = parse((FIXTURES / "vllm_metrics.txt").read_text())
+    snap = vllm_snapshot(samples, time.time())
+
+    def total(name: str) -> float:
+        return sum(v for _, v in samples[name])
+
+    spec = snap.lifetime.spec
+    assert spec is not None and spec.num_spec_tokens == 4
+    assert spec.drafts == total("vllm:spec_decode_num_drafts_total")
+    assert spec.draft_tokens == total("vllm:spec_decode_num_draft_tokens_total")
+    assert spec.accepted == total("vllm:spec_decode_num_accepted_tokens_total")
+    assert snap.lifetime.generation_tokens == total("vllm:generation_tokens_total")
+    assert snap.kv.block_size and snap.kv.num_blocks
+    assert snap.request_duration is not None and snap.request_duration.count == total(
+        "vllm:e2e_request_latency_seconds_count")
+    assert {"requests", "gpu", "kv_tokens"} <= set(snap.unavailable)
+    assert snap.requests == () and snap.kv.fragmentation is None  # unavailable, not zero
+
+
+def test_sglang_page_reports_gauges_without_inventing_counts() -> None:
+    page = "\n".join([
+        "# TYPE sglang:spec_accept_length gauge",
+        'sglang:spec_accept_length{model_name="qwen"} 2.5',
+        'sglang:spec_accept_rate{model_name="qwen"} 0.42',
+        'sglang:token_usage{model_name="qwen"} 0.3',
+        'sglang:num_running_reqs{model_name="qwen"} 3',
+        'sglang:num_queue_reqs{model_name="qwen"} 1',
+        'sglang:generation_tokens_total{model_name="qwen"} 1200',
+        "",
+    ])
+    snap = sglang_snapshot(parse(page), 100.0)
+    assert snap.engine.engine == "sglang" and snap.engine.model == "qwen"
+    assert dict(snap.reported) == {"acceptance_rate": 0.42, "mean_acceptance_length": 2.5}
+    assert snap.lifetime.spec is None and "spec_counts" in snap.unavailable
+    assert (snap.running, snap.waiting, snap.kv.block_usage) == (3, 1, 0.3)
+    with http_server(lambda req: reply(req, 200, page.encode())) as url:
+        assert sglang_source(url).fetch().reported == snap.reported
+
+
+def test_unreachable_slow_and_garbage_targets_show_and_recover() -> None:
+    state = {"mode": "garbage"}
+    hub = busy_hub(Clock())
+
+    def handle(req):  # type: ignore[no-untyped-def]
+        if state["mode"] == "garbage":
+            reply(req, 200, b"<html>502 Bad Gateway</html>")
+        elif state["mode"] == "slow":
+            time.sleep(1.0)
+            reply(req, 200, json.dumps(hub.snapshot().to_dict()).encode())
+        elif state["mode"] == "error":
+            reply(req, 503, b"down")
+        else:
+            reply(req, 200, json.dumps(hub.snapshot().to_dict()).encode())
+
+    with http_server(handle) as url:
+        t = Target(EndpointSource(url, timeout=0.3))
+        t.poll()
+        assert t.error and "not a specscope snapshot" in t.error and t.snapshot is None
+        state["mode"] = "slow"
+        t.poll()
+        assert t.error and "timed out" in t.error
+        state["mode"] = "error"
+        t.poll()
+        assert t.error and "HTTP 503" in t.error
+        state["mode"] = "ok"
+        t.poll()
+        assert t.error is None and t.snapshot is not None and len(t.snapshot.requests) == 30
+    t.poll()  # the server is gone
+    assert t.error and "Connection refused" in t.error
+    assert t.snapshot is not None  # the last good snapshot stays on screen
+    with pytest.raises(SourceError):
+        EndpointSource("http://127.0.0.1:9").fetch()
+
+
+def test_window_comes_from_the_history_of_polls() -> None:
+    clock = Clock()
+    hub = busy_hub(clock, requests=20, accepted_of_4=4)
+
+    class HubSrc:
+        name = "hub"
+
+        def fetch(self) -> Snapshot:
+            return hub.snapshot()
+
+    t = Target(HubSrc())
+    t.poll()
+    assert t.windowed(10) == t.snapshot  # one poll: the source's own window
+    feed(hub, clock, 10, accepted_of_4=0, start=20)  # the draft turns useless
+    t.poll()
+    w = t.windowed(60)
+    assert w is not None and w.window.spec is not None
+    assert w.window.spec.draft_tokens == 10 * 10 * 4 and w.window.spec.accepted == 0
+    assert w.window.spec.acceptance_rate == 0.0 and w.window.seconds == pytest.approx(10.0)
+    assert minus(w.lifetime, w.lifetime).generation_tokens == 0
+    assert t.series("acceptance") == [0.0] and t.series("tokens_per_s") == [pytest.approx(40.0)]
+    alerts = t.evaluate(60)
+    assert [a.rule for a in alerts] == ["SpecscopeWeakDraft"] and alerts[0].state == "pending"
+    t.reset()
+    assert t.windowed(60).window.generation_tokens == 0  # type: ignore[union-attr]
