@@ -102,3 +102,30 @@ def test_calibrate_bad_input_is_one_line_exit_2(tmp_path: Path) -> None:
         r = specscope("calibrate", str(tmp_path), *args)
         assert r.returncode == 2, args
         assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("specscope: error: "), r.stderr
+
+
+def test_top_bad_input_and_unreachable_targets(tmp_path: Path) -> None:
+    for args in (["top"], ["top", "--url", "x", "--replay", "f"], ["top", "--url", "x", "--interval", "0"],
+                 ["top", "--url", "x", "--json"], ["top", "--replay", str(tmp_path / "missing.jsonl")]):
+        r = specscope(*args)
+        assert r.returncode == 2, args
+        assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("specscope: error: "), r.stderr
+    r = specscope("top", "--url", "http://127.0.0.1:9", "--once", "--timeout", "0.5")
+    assert r.returncode == 1 and "Connection refused" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_top_once_replays_a_recording(tmp_path: Path) -> None:
+    rec = str(Path(__file__).parent / "fixtures" / "demo-recording.jsonl")
+    r = specscope("top", "--replay", rec, "--once", "--json")
+    assert r.returncode == 0, r.stderr
+    docs = json.loads(r.stdout)
+    weak = docs["weak draft (noise 10%)"]["lifetime"]["spec"]
+    assert weak["acceptance_rate"] < 0.3 and weak["drafts"] > 0
+    demo = tmp_path / "demo-thresholds.json"  # the demo's short waits, as when it was recorded
+    demo.write_text(json.dumps({"weak_draft_min_draft_tokens": 100, "weak_draft_for_s": 3,
+                                "keep_firing_for_s": 600}))
+    r = specscope("top", "--replay", rec, "--once", "--window", "10", "--thresholds", str(demo))
+    assert r.returncode == 0, r.stderr
+    weak_part = r.stdout.split("== weak draft")[1]
+    assert "alert firing SpecscopeWeakDraft" in weak_part
+    assert "alert firing SpecscopeWeakDraft" not in r.stdout.split("== good draft")[1].split("== weak")[0]

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import re
 
-#: name, optional {labels}, value (an optional timestamp after it is ignored).
-_LINE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?[ \t]+(\S+)")
+#: A sample line: name, optional {labels}, value (an optional timestamp after it is ignored). Comments and blank
+#: lines do not match; anything else that does not match is caught by counting lines.
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?[ \t]+(\S+)[^\n]*$", re.M)
+_OTHER = re.compile(r"^(?!#|[ \t]*$).*$", re.M)
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
 _ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 _ESCAPE = re.compile(r'\\[\\"n]')
@@ -23,29 +25,40 @@ class ParseError(ValueError):
     """The page is not in the Prometheus text format."""
 
 
+def _labels(raw: str) -> dict[str, str]:
+    out = {}
+    for m in _LABEL.finditer(raw):
+        v = m.group(2)
+        out[m.group(1)] = _ESCAPE.sub(lambda e: _ESCAPES[e.group(0)], v) if "\\" in v else v
+    return out
+
+
 def parse(text: str) -> Samples:
-    """Every sample of the page, by sample name (``_total``, ``_bucket``, ``_sum`` suffixes kept)."""
+    """Every sample of the page, by sample name (``_total``, ``_bucket``, ``_sum`` suffixes kept).
+
+    Samples that share a label set share one (read-only) labels dict: a page repeats a few label sets many times.
+    """
     out: Samples = {}
-    match_line, match_labels = _LINE.match, _LABEL.finditer
-    for number, line in enumerate(text.split("\n"), 1):
-        if not line or line[0] == "#" or line.isspace():
-            continue
-        m = match_line(line)
-        if m is None:
-            raise ParseError(f"line {number} is not a sample: {line[:80]!r}")
+    seen: dict[str, dict[str, str]] = {"": {}}
+    count = 0
+    for m in _SAMPLE.finditer(text):
+        count += 1
         name, raw, value = m.groups()
-        labels: dict[str, str] = {}
-        if raw:
-            for lm in match_labels(raw):
-                v = lm.group(2)
-                labels[lm.group(1)] = _ESCAPE.sub(lambda e: _ESCAPES[e.group(0)], v) if "\\" in v else v
+        raw = raw or ""
+        labels = seen.get(raw)
+        if labels is None:
+            labels = seen[raw] = _labels(raw)
         try:
-            number_value = float(value)
+            number = float(value)
         except ValueError:
-            raise ParseError(f"line {number}: {value!r} is not a number") from None
+            raise ParseError(f"sample {name}: {value!r} is not a number") from None
         bucket = out.get(name)
         if bucket is None:
-            out[name] = [(labels, number_value)]
+            out[name] = [(labels, number)]
         else:
-            bucket.append((labels, number_value))
+            bucket.append((labels, number))
+    if count != sum(1 for _ in _OTHER.finditer(text)):
+        bad = next(m for m in _OTHER.finditer(text) if not _SAMPLE.match(m.group(0)))
+        line = text.count("\n", 0, bad.start()) + 1
+        raise ParseError(f"line {line} is not a sample: {bad.group(0)[:80]!r}")
     return out

@@ -89,10 +89,11 @@ def _once(targets: list[Target], args: argparse.Namespace, player: object | None
     from specscope.tui.record import Player
 
     if isinstance(player, Player):
-        while not player.finished:  # the end of the recording
-            player.advance(3600.0)
-        for t in targets:
-            t.poll()
+        while not player.finished:  # play it all, so windows and alerts evolve as they did
+            player.step()
+            for t in targets:
+                t.poll()
+                t.evaluate(args.window)
     else:
         run_once(targets, args.window)
     failed = [t for t in targets if t.error or t.snapshot is None]

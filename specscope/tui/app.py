@@ -6,6 +6,7 @@ updates the targets' state, then one frame redraws the panels from :mod:`specsco
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -14,15 +15,16 @@ from typing import Any, ClassVar
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.screen import ModalScreen
-from textual.widgets import DataTable, Footer, Input, Static
+from textual.widgets import Footer, Input, Static
 
 from specscope.alerts.evaluate import Alert
 from specscope.alerts.rules import Thresholds
 from specscope.tui import view
 from specscope.tui.record import Player, Recorder
 from specscope.tui.state import Target
-from specscope.tui.table import RequestTable
+from specscope.tui.table import LineTable, RequestTable
 
 #: Window lengths the ``w`` key cycles through, in seconds.
 WINDOWS = (10.0, 60.0, 300.0)
@@ -50,17 +52,21 @@ class TopApp(App[None]):
     """The dashboard over one or more targets."""
 
     TITLE = "specscope top"
+    AUTO_FOCUS = "#requests"
     CSS = """
     Screen { layout: vertical; overflow: hidden; }
     #header { height: auto; max-height: 4; }
-    #fleet { height: auto; max-height: 10; }
+    #fleet-box { height: auto; max-height: 10; }
+    #fleet-header { height: 1; text-style: underline; }
+    #fleet { height: auto; max-height: 9; }
     #panels { height: auto; max-height: 14; }
     #spec { width: 3fr; height: auto; margin: 0 1 0 0; }
     #side-col { width: 2fr; height: auto; }
     #kv, #gpu, #alerts { height: auto; }
     #alerts { max-height: 8; border-top: solid $primary; }
     .compact #alerts { max-height: 4; text-wrap: nowrap; text-overflow: ellipsis; }
-    .compact #fleet { max-height: 5; }
+    .compact #fleet-box { max-height: 5; }
+    .compact #fleet { max-height: 4; }
     .compact #panels { max-height: 8; }
     .compact #header { max-height: 2; }
     #requests-title { height: 1; text-style: bold; }
@@ -108,21 +114,23 @@ class TopApp(App[None]):
         self.note = ""
         self._pool = ThreadPoolExecutor(max_workers=min(8, len(targets)), thread_name_prefix="specscope-top")
         self._rows_key: Any = None
+        self._shown: dict[str, Any] = {}
+        self._fleet_rows: list[str] = []
 
     # ----------------------------------------------------------------- layout
     def compose(self) -> ComposeResult:
         yield Static(id="header")
-        fleet: DataTable[str] = DataTable(id="fleet", cursor_type="row", zebra_stripes=True)
-        fleet.add_columns(*view.FLEET_COLUMNS)
-        fleet.display = len(self.targets) > 1
-        yield fleet
+        with Vertical(id="fleet-box") as box:
+            box.display = len(self.targets) > 1
+            yield Static(view.fleet_header(), id="fleet-header")
+            yield LineTable[str](str, id="fleet")
         with Horizontal(id="panels"):
             yield Static(id="spec")
             with Vertical(id="side-col"):
                 yield Static(id="kv")
                 yield Static(id="gpu")
         yield Static(id="alerts")
-        yield Input(placeholder="filter: text, acc<0.3, acc>0.8", id="filter")
+        yield Input(placeholder="filter: text, acc<0.3, acc>0.8", id="filter", disabled=True)
         yield Static(id="requests-title")
         yield Static(id="requests-header")
         yield RequestTable(id="requests")
@@ -147,7 +155,8 @@ class TopApp(App[None]):
 
     def _poll_all(self) -> None:
         self.poll_now()
-        self.call_from_thread(self.refresh_view)
+        if self.is_running:
+            self.call_from_thread(self.refresh_view)
 
     def poll_now(self) -> None:
         """Poll every target once (concurrently), evaluate alerts and record; safe on any thread."""
@@ -189,34 +198,45 @@ class TopApp(App[None]):
         return self.player._start or 0.0 if self.player is not None else 0.0
 
     def refresh_view(self) -> None:
-        """Redraw every panel from the targets' state."""
+        """Redraw every panel from the targets' state (nothing while another screen, e.g. help, is on top)."""
+        if isinstance(self.screen, HelpScreen):
+            return
+        with contextlib.suppress(NoMatches):  # the app is closing: its widgets are gone
+            self._draw()
+
+    def _draw(self) -> None:
         self.frames += 1
         cur = self.current
         snap = cur.windowed(self.window_s)
         compact = self.size.height < 32 or self.size.width < 100
-        self.query_one("#header", Static).update(
-            view.header(self.targets, cur, self.window_s, self._status(), compact))
         self.screen.set_class(compact, "compact")
-        self.query_one("#spec", Static).update(
-            view.spec_panel(snap, self.threshold, cur.series("acceptance"), compact=compact))
-        self.query_one("#kv", Static).update(view.kv_panel(snap, None if compact else cur.series("kv_usage")))
-        self.query_one("#gpu", Static).update(view.gpu_panel(snap))
-        self.query_one("#alerts", Static).update(view.alerts_panel(self.alerts.get(cur.name, []), compact))
+        self._update("#header", view.header(self.targets, cur, self.window_s, self._status(), compact))
+        self._update("#spec", view.spec_panel(snap, self.threshold, cur.series("acceptance"), compact=compact))
+        self._update("#kv", view.kv_panel(snap, None if compact else cur.series("kv_usage")))
+        self._update("#gpu", view.gpu_panel(snap))
+        self._update("#alerts", view.alerts_panel(self.alerts.get(cur.name, []), compact))
         if len(self.targets) > 1:
             self._draw_fleet()
         self._draw_requests(snap)
 
-    def _draw_fleet(self) -> None:
-        table = self.query_one("#fleet", DataTable)
-        rows = [view.fleet_row(t, len(self.alerts.get(t.name, []))) for t in self.targets]
-        if table.row_count != len(rows):
-            table.clear()
-            for t, row in zip(self.targets, rows, strict=True):
-                table.add_row(*row, key=t.name)
+    def _update(self, selector: str, text: Any) -> None:
+        """Give a panel new text only when it changed, and skip the layout pass when its shape cannot have:
+        same number of lines, none wider than the panel (a layout of the whole screen is most of a frame)."""
+        old = self._shown.get(selector)
+        if old == text:
             return
-        for t, row in zip(self.targets, rows, strict=True):
-            for col, value in zip(table.columns, row, strict=True):
-                table.update_cell(t.name, col, value, update_width=True)
+        self._shown[selector] = text
+        panel = self.query_one(selector, Static)
+        lines = text.plain.split("\n")
+        same_shape = (old is not None and old.plain.count("\n") == len(lines) - 1
+                      and max(map(len, lines)) <= panel.content_region.width)
+        panel.update(text, layout=not same_shape)
+
+    def _draw_fleet(self) -> None:
+        rows = [view.fleet_row(t, len(self.alerts.get(t.name, []))) for t in self.targets]
+        if rows != self._fleet_rows:
+            self._fleet_rows = rows
+            self.query_one("#fleet", LineTable).set_records(rows)
 
     def _draw_requests(self, snap: Any) -> None:
         title = self.query_one("#requests-title", Static)
@@ -265,6 +285,7 @@ class TopApp(App[None]):
     def action_filter(self) -> None:
         """Open the filter box."""
         box = self.query_one("#filter", Input)
+        box.disabled = False
         box.add_class("open")
         box.value = self.filter_text
         box.focus()
@@ -273,6 +294,7 @@ class TopApp(App[None]):
         """Apply the filter and close the box."""
         self.filter_text = event.value.strip()
         event.input.remove_class("open")
+        event.input.disabled = True
         self.query_one("#requests", RequestTable).focus()
         self.refresh_view()
 
@@ -280,6 +302,7 @@ class TopApp(App[None]):
         """Clear the filter."""
         box = self.query_one("#filter", Input)
         box.remove_class("open")
+        box.disabled = True
         self.filter_text = ""
         self.query_one("#requests", RequestTable).focus()
         self.refresh_view()
@@ -314,10 +337,10 @@ class TopApp(App[None]):
         """Show the keys."""
         self.push_screen(HelpScreen())
 
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+    def on_line_table_selected(self, event: LineTable.Selected) -> None:
         """Enter on a fleet row: show that engine below."""
-        if event.data_table.id == "fleet" and event.row_key.value is not None:
-            self.select(event.row_key.value)
+        if event.table.id == "fleet":
+            self.select(self.targets[event.index].name)
 
     def on_resize(self) -> None:
         """Re-lay the panels for the new size (compact under 100×32), once the app has taken it."""

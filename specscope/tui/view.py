@@ -251,22 +251,33 @@ def select_requests(requests: tuple[RequestRecord, ...], sort: int, reverse: boo
     return present + missing
 
 
-def fleet_row(target: Target, alerts: int) -> tuple[str, ...]:
+#: Fleet table: column label and width.
+FLEET_COLUMNS = (("target", 26), ("src", 5), ("model", 14), ("accept", 7), ("alpha", 5), ("speedup", 7),
+                 ("kv", 6), ("alerts", 6))
+
+
+def _cells(values: tuple[str, ...], widths: tuple[tuple[str, int], ...]) -> str:
+    return " ".join(v[:w].ljust(w) for v, (_, w) in zip(values, widths, strict=True))
+
+
+def fleet_header() -> str:
+    """The fleet table's column names."""
+    return _cells(tuple(label for label, _ in FLEET_COLUMNS), FLEET_COLUMNS)
+
+
+def fleet_row(target: Target, alerts: int) -> str:
     """One engine's line in the fleet table."""
     snap = target.snapshot
-    status = "DOWN" if target.error else ("ok" if snap else "waiting")
+    status = "DOWN" if target.error else ("ok" if snap else "wait")
     if snap is None:
-        return (target.name, status, "-", "-", "-", "-", "-", str(alerts))
+        return _cells((target.name, status, "-", "-", "-", "-", "-", str(alerts)), FLEET_COLUMNS)
     w = snap.window.spec
     est = estimate(snap)
-    return (
+    return _cells((
         target.name, status, short(snap.engine.model),
         percent(w.acceptance_rate) if w else "no spec",
         f"{w.alpha:.2f}" if w and w.alpha is not None else "n/a",
         f"{est.expected_speedup:.2f}x" if est else "n/a",
         percent(snap.kv.block_usage),
         str(alerts),
-    )
-
-
-FLEET_COLUMNS = ("target", "src", "model", "accept", "alpha", "speedup", "kv", "alerts")
+    ), FLEET_COLUMNS)

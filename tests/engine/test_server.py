@@ -145,3 +145,43 @@ def test_completions_streaming_and_not_are_recorded_with_engine_counts(server: t
     assert ours["specscope_spec_decode_draft_tokens_total"] == c["vllm:spec_decode_num_draft_tokens_total"]
     assert ours["specscope_spec_decode_accepted_tokens_total"] == c["vllm:spec_decode_num_accepted_tokens_total"]
     assert ours["specscope_requests_total"] == 4
+
+
+def test_dashboard_sources_read_the_real_server(server: tuple[str, int]) -> None:
+    """--vllm parses the real /metrics page; --url reads the plugin's endpoint and the middleware's snapshot;
+    `specscope top --once --json` returns the engine's own acceptance counters."""
+    from specscope.collectors.promtext import parse
+    from specscope.collectors.scrape import EndpointSource, vllm_source
+
+    server_url, specscope_port = server
+    body = {"model": httpx.get(f"{server_url}/v1/models", timeout=10).json()["data"][0]["id"],
+            "prompt": "stone window metric", "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    httpx.post(f"{server_url}/v1/completions", json=body, timeout=120).raise_for_status()
+    page = httpx.get(f"{server_url}/metrics", timeout=10).text
+    # The fast parser gives exactly prometheus-client's samples on the live page.
+    ours = sorted((n, tuple(sorted(lb.items())), v) for n, rows in parse(page).items() for lb, v in rows)
+    ref = sorted((s.name, tuple(sorted(s.labels.items())), s.value)
+                 for fam in text_string_to_metric_families(page) for s in fam.samples)
+    assert ours == ref
+    c = vllm_metrics(server_url)
+    vsnap = vllm_source(server_url).fetch()
+    assert vsnap.lifetime.spec is not None
+    assert vsnap.lifetime.spec.draft_tokens == c["vllm:spec_decode_num_draft_tokens_total"]
+    assert vsnap.lifetime.spec.accepted == c["vllm:spec_decode_num_accepted_tokens_total"]
+    assert vsnap.lifetime.spec.num_spec_tokens == 4 and "requests" in vsnap.unavailable
+    for url in (f"http://127.0.0.1:{specscope_port}", f"{server_url}/specscope"):
+        snap = EndpointSource(url).fetch()
+        assert snap.lifetime.spec is not None and snap.lifetime.spec.accepted == vsnap.lifetime.spec.accepted
+        assert snap.requests and snap.unavailable == ()
+    r = subprocess.run([sys.executable, "-m", "specscope.cli", "top", "--url", f"http://127.0.0.1:{specscope_port}",
+                        "--once", "--json"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    life = json.loads(r.stdout)["lifetime"]["spec"]
+    assert life["draft_tokens"] == c["vllm:spec_decode_num_draft_tokens_total"]
+    assert life["accepted"] == c["vllm:spec_decode_num_accepted_tokens_total"]
+    assert life["acceptance_rate"] == c["vllm:spec_decode_num_accepted_tokens_total"] / c[
+        "vllm:spec_decode_num_draft_tokens_total"]
+    r = subprocess.run([sys.executable, "-m", "specscope.cli", "top", "--vllm", server_url, "--once"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "n/a from this source: requests" in r.stdout and "drafted" in r.stdout
