@@ -51,7 +51,9 @@ class LineTable(ScrollView, Generic[Row], can_focus=True):
         """Show ``records`` in this order; the cursor keeps its row number."""
         self.records = records
         self.cursor = min(self.cursor, max(0, len(records) - 1))
-        self.virtual_size = Size(self.size.width, len(records))
+        size = Size(self.size.width, len(records))
+        if size != self.virtual_size:
+            self.virtual_size = size
         self.refresh()
 
     @property
