@@ -1,7 +1,8 @@
 """Frame cost of `specscope top` with 1,000 requests in the table and 8 targets.
 
 One frame = redrawing every panel and the fleet from the targets' state, plus Textual laying out and painting the
-screen (Pilot, headless, at 120x40 and 160x50), counted in CPU time (Pilot's pause also waits idle, which is not frame cost).
+screen (Pilot, headless, at 120x40 and 160x50), counted in CPU time (Pilot's pause also waits idle, which is not
+frame cost).
 Before each frame every engine runs a second more (new numbers for every panel and fleet row) and the shown
 engine's 1,000 requests change, so nothing can be skipped; polling (a worker thread's job) is not counted.
 Baseline in the same run: the same rows put into Textual's DataTable (clear + add_rows), the obvious way to
