@@ -183,7 +183,7 @@ class TopApp(App[None]):
         if self.player is not None:
             p = self.player
             state = "paused" if p.paused else ("ended" if p.finished else "playing")
-            parts.append(f"replay {state} {p.speed:g}x at +{p.position - self.player_start:.0f}s")
+            parts.append(f"replay {state} {p.speed:g}x at +{p.position - p.start:.0f}s")
         elif self.paused:
             parts.append("PAUSED")
         if self.recorder is not None:
@@ -191,11 +191,6 @@ class TopApp(App[None]):
         if self.filter_text:
             parts.append(f"filter {self.filter_text!r}")
         return "  ".join(parts)
-
-    @property
-    def player_start(self) -> float:
-        """The recording's first timestamp."""
-        return self.player._start or 0.0 if self.player is not None else 0.0
 
     def refresh_view(self) -> None:
         """Redraw every panel from the targets' state (nothing while another screen, e.g. help, is on top)."""

@@ -67,19 +67,20 @@ class Player:
         except OSError as exc:
             raise ValueError(f"cannot read recording {path}: {exc.strerror or exc}") from None
         self.targets: list[str] = []
-        self._start: float | None = None
+        start: float | None = None
         for line in self._file:  # one pass for the target names and the start time; nothing is kept
             rec = self._decode(line)
             if rec is None:
                 continue
-            if self._start is None:
-                self._start = rec[0]
+            if start is None:
+                start = rec[0]
             if rec[1] not in self.targets:
                 self.targets.append(rec[1])
-        if self._start is None:
+        if start is None:
             raise ValueError(f"{path} holds no specscope snapshots")
         self._file.seek(0)
-        self.position = self._start  # the recording's time now on screen
+        self.start = start  # the recording's first timestamp
+        self.position = start  # the recording's time now on screen
         self.speed = 1.0
         self.paused = False
         self.finished = False
