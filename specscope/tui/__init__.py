@@ -8,7 +8,7 @@ import sys
 
 from specscope.alerts.rules import Thresholds
 from specscope.collectors.scrape import EndpointSource, Source, sglang_source, vllm_source
-from specscope.tui.state import Target
+from specscope.tui.state import Target, run_once
 
 
 class UsageError(ValueError):
@@ -85,7 +85,6 @@ def main(args: argparse.Namespace) -> int:
 
 def _once(targets: list[Target], args: argparse.Namespace, player: object | None) -> int:
     from specscope.report import request_table, summary
-    from specscope.tui.app import run_once
     from specscope.tui.record import Player
 
     if isinstance(player, Player):
@@ -95,7 +94,7 @@ def _once(targets: list[Target], args: argparse.Namespace, player: object | None
                 t.poll()
                 t.evaluate(args.window)
     else:
-        run_once(targets, args.window)
+        run_once(targets)
     failed = [t for t in targets if t.error or t.snapshot is None]
     for t in failed:
         print(f"specscope: {t.name}: {t.error or 'no snapshot'}", file=sys.stderr)

@@ -7,7 +7,6 @@ updates the targets' state, then one frame redraws the panels from :mod:`specsco
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
@@ -110,7 +109,6 @@ class TopApp(App[None]):
         self.reverse = False
         self.filter_text = ""
         self.alerts: dict[str, list[Alert]] = {t.name: [] for t in targets}
-        self.frames = 0
         self.note = ""
         self._pool = ThreadPoolExecutor(max_workers=min(8, len(targets)), thread_name_prefix="specscope-top")
         self._rows_key: Any = None
@@ -200,7 +198,6 @@ class TopApp(App[None]):
             self._draw()
 
     def _draw(self) -> None:
-        self.frames += 1
         cur = self.current
         snap = cur.windowed(self.window_s)
         compact = self.size.height < 32 or self.size.width < 100
@@ -344,12 +341,3 @@ class TopApp(App[None]):
     def on_unmount(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-
-def run_once(targets: list[Target], window_s: float, settle_s: float = 1.0) -> None:
-    """Poll twice, ``settle_s`` apart, so /metrics sources get a window; for ``--once``."""
-    for t in targets:
-        t.poll()
-    if settle_s > 0 and any("window" in (t.snapshot.unavailable if t.snapshot else ()) for t in targets):
-        time.sleep(settle_s)
-        for t in targets:
-            t.poll()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from specscope.alerts.evaluate import Alert, Evaluator
@@ -62,21 +61,18 @@ def minus(a: Totals, b: Totals) -> Totals:
 class Target:
     """One engine on the screen."""
 
-    def __init__(self, source: Source, thresholds: Thresholds | None = None, history: int = HISTORY,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, source: Source, thresholds: Thresholds | None = None, history: int = HISTORY) -> None:
         self.source = source
         self.name = source.name
         self.snapshot: Snapshot | None = None
         self.error: str | None = None
-        self.last_ok: float | None = None
         self.fetch_ms: float | None = None
         self.points: deque[Point] = deque(maxlen=history)
         self.polls = 0
-        self._clock = clock
         self._evaluator = Evaluator(Hub(), thresholds=thresholds, clock=self._snapshot_time)
 
     def _snapshot_time(self) -> float:
-        return self.snapshot.time if self.snapshot is not None else self._clock()
+        return self.snapshot.time if self.snapshot is not None else time.time()
 
     def poll(self) -> None:
         """Fetch once; a failure of any kind is shown as the target's error, never raised."""
@@ -92,7 +88,7 @@ class Target:
         self.fetch_ms = 1e3 * (time.perf_counter() - t0)
         if self.points and snap.lifetime.generation_tokens < self.points[-1].lifetime.generation_tokens:
             self.points.clear()  # the engine restarted: its counters began again
-        self.snapshot, self.error, self.last_ok = snap, None, self._clock()
+        self.snapshot, self.error = snap, None
         self.polls += 1
         self.points.append(Point(snap.time, snap.lifetime, snap.kv.block_usage))
 
@@ -141,3 +137,13 @@ class Target:
                 dt = b.time - a.time
                 out.append(d.generation_tokens / dt if dt > 0 else 0.0)
         return out
+
+
+def run_once(targets: list[Target], settle_s: float = 1.0) -> None:
+    """Poll every target; poll again ``settle_s`` later when a source has no window of its own (``--once``)."""
+    for t in targets:
+        t.poll()
+    if settle_s > 0 and any("window" in (t.snapshot.unavailable if t.snapshot else ()) for t in targets):
+        time.sleep(settle_s)
+        for t in targets:
+            t.poll()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -37,7 +36,3 @@ def anyio_backend() -> str:
     """Pilot tests run on asyncio (Textual's loop)."""
     return "asyncio"
 
-
-@pytest.fixture
-def make_app() -> Callable[..., TopApp]:
-    return replay_app
