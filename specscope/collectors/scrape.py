@@ -116,6 +116,11 @@ def _label(samples: Samples, name: str, label: str) -> str | None:
     return next((labels[label] for labels, _ in rows if label in labels), None)
 
 
+def _label_int(samples: Samples, name: str, label: str) -> int | None:
+    value = _label(samples, name, label)
+    return int(value) if value and value.isdigit() else None
+
+
 def _histogram(samples: Samples, name: str) -> Histogram | None:
     """A Prometheus histogram summed over label sets, as bucket counts (not cumulative)."""
     rows = samples.get(name + "_bucket")
@@ -155,8 +160,8 @@ def vllm_snapshot(samples: Samples, now: float) -> Snapshot:
         )
     started = _sum(samples, "process_start_time_seconds")
     started = min(started, now) if started else now
-    block_size = _label(samples, "vllm:cache_config_info", "block_size")
-    num_blocks = _label(samples, "vllm:cache_config_info", "num_gpu_blocks")
+    block_size = _label_int(samples, "vllm:cache_config_info", "block_size")
+    num_blocks = _label_int(samples, "vllm:cache_config_info", "num_gpu_blocks")
     running = _sum(samples, "vllm:num_requests_running")
     waiting = _sum(samples, "vllm:num_requests_waiting")
     return Snapshot(
@@ -167,8 +172,8 @@ def vllm_snapshot(samples: Samples, now: float) -> Snapshot:
             model=_label(samples, "vllm:num_requests_running", "model_name"),
             method="speculative" if spec else None,
             num_speculative_tokens=k,
-            block_size=int(block_size) if block_size and block_size.isdigit() else None,
-            num_blocks=int(num_blocks) if num_blocks and num_blocks.isdigit() else None,
+            block_size=block_size,
+            num_blocks=num_blocks,
         ),
         lifetime=Totals(
             seconds=now - started,
@@ -185,9 +190,7 @@ def vllm_snapshot(samples: Samples, now: float) -> Snapshot:
         window_seconds=0.0,
         running=None if running is None else int(running),
         waiting=None if waiting is None else int(waiting),
-        kv=KVCache(block_size=int(block_size) if block_size and block_size.isdigit() else None,
-                   num_blocks=int(num_blocks) if num_blocks and num_blocks.isdigit() else None,
-                   block_usage=_sum(samples, "vllm:kv_cache_usage_perc")),
+        kv=KVCache(block_size=block_size, num_blocks=num_blocks, block_usage=_sum(samples, "vllm:kv_cache_usage_perc")),
         gpu=GpuMemory(status="not reported by vLLM's /metrics"),
         requests=(),
         request_acceptance_rate=None,
