@@ -87,19 +87,27 @@ def _check_tokenizers(args: argparse.Namespace) -> int:
     return 1 if report.verdict == "mismatch" else 0
 
 
+def _pairs(items: list[str] | None, flag: str) -> list[tuple[str, str]]:
+    """``name=value`` options as pairs; ValueError naming ``flag`` for one without ``=``."""
+    out = []
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"{flag} takes name=value, got {item!r}")
+        out.append((key.strip(), value))
+    return out
+
+
 def _thresholds(args: argparse.Namespace) -> Any:
     from specscope.alerts.rules import Thresholds, load_thresholds
 
     t = load_thresholds(args.thresholds) if args.thresholds else Thresholds()
     pairs = {}
-    for item in args.set or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--set takes name=value, got {item!r}")
+    for key, value in _pairs(args.set, "--set"):
         try:
-            pairs[key.strip()] = float(value)
+            pairs[key] = float(value)
         except ValueError:
-            raise ValueError(f"--set {key.strip()}: {value!r} is not a number") from None
+            raise ValueError(f"--set {key}: {value!r} is not a number") from None
     return t.updated(pairs) if pairs else t
 
 
@@ -128,11 +136,12 @@ def _calibrate(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     engine: dict[str, Any] = {}
-    for item in args.engine_arg or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            print(f"specscope: error: --engine-arg takes name=value, got {item!r}", file=sys.stderr)
-            return 2
+    try:
+        pairs = _pairs(args.engine_arg, "--engine-arg")
+    except ValueError as exc:
+        print(f"specscope: error: {exc}", file=sys.stderr)
+        return 2
+    for key, value in pairs:
         try:
             engine[key] = json.loads(value)
         except ValueError:
