@@ -142,7 +142,7 @@ RULES: tuple[Rule, ...] = (
         summary="The draft model's acceptance rate is below {threshold}: speculation is wasted work",
         description="Accepted/drafted was {value} over the window (alpha {alpha}, mean acceptance length "
                     "{mean_length} tokens/step, per position {per_position}). Below {threshold}, verification "
-                    "throws most draft tokens away; use a better-matched draft, a smaller K, or no speculation.",
+                    "throws most draft tokens away.",
         value=lambda s: s.window.spec.acceptance_rate if s.window.spec else None,
         firing=_weak_draft,
         promql=lambda t: (
@@ -189,7 +189,7 @@ RULES: tuple[Rule, ...] = (
         summary="KV-cache blocks are mostly empty: fragmentation above {threshold}",
         description="Fragmentation (1 - token slots held / block slots allocated) is {value}: block usage "
                     "{block_usage}, token usage {token_usage}. Many short requests in large blocks, or a large K "
-                    "reserving look-ahead slots; consider a smaller block size or K.",
+                    "reserving look-ahead slots.",
         value=lambda s: s.kv.fragmentation,
         firing=lambda s, t: s.kv.fragmentation is not None and s.kv.fragmentation > t.fragmentation,
         promql=lambda t: f"{_p('specscope.kv_cache.fragmentation')} > {t.fragmentation}",
@@ -202,7 +202,7 @@ RULES: tuple[Rule, ...] = (
         severity="critical",
         summary="KV cache above {threshold} full with preemptions rising",
         description="Block usage is {value} and requests are being preempted (their KV dropped and recomputed): "
-                    "latency rises. Lower max_num_seqs or K, or add memory.",
+                    "latency rises.",
         value=lambda s: s.kv.block_usage,
         firing=lambda s, t: (s.kv.block_usage is not None and s.kv.block_usage > t.kv_usage
                              and s.window.preemptions > 0),
