@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,13 @@ def engines() -> Iterator[EnginePool]:
     pool = EnginePool()
     yield pool
     pool.close()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def greedy(max_tokens: int = 48) -> Any:

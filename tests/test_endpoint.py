@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from specscope.endpoint import Endpoint, EndpointError
 from specscope.hub import Hub
 from specscope.model import Histogram
 from specscope.prometheus_export import label_name
+from tests.conftest import free_port
 from tests.test_otel_export import REQUESTS, filled_hub
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
@@ -124,12 +124,6 @@ def test_promtool_check_metrics_accepts_the_exposition(served: tuple[Hub, Endpoi
     r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
     # promtool lints names and help; it must find nothing to complain about.
     assert r.returncode == 0 and r.stdout.strip() == "" and r.stderr.strip() == "", r.stdout + r.stderr
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="Debian's prometheus not installed")

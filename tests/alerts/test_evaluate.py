@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from specscope.alerts.notify import AlertmanagerNotifier, JsonLinesNotifier, Log
 from specscope.alerts.rules import BY_RULE, RuleConfigError, Thresholds, load_thresholds
 from specscope.hub import Hub, StepStats
 from specscope.model import EngineInfo, TokenizerStatus
+from tests.conftest import free_port
 from tests.test_hub import Clock
 
 
@@ -150,12 +150,6 @@ def test_threshold_files_and_bad_configuration(tmp_path: Path) -> None:
         assert message in str(info.value) and "\n" not in str(info.value)
     with pytest.raises(RuleConfigError, match="cannot read"):
         load_thresholds(tmp_path / "missing.json")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.skipif(shutil.which("prometheus-alertmanager") is None, reason="Debian's prometheus-alertmanager absent")
