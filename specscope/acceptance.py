@@ -2,13 +2,18 @@
 
 Counts follow vLLM: a *draft* is one speculative step of a request (up to K proposed tokens); *draft tokens* are
 the tokens proposed; *accepted* the draft tokens the target kept; ``accepted_per_pos[i]`` counts drafts whose
-first ``i + 1`` tokens were all accepted (unconditional). Theory from Leviathan et al. 2023 (arXiv 2211.17192):
-α is the per-token acceptance probability, γ = K, c = draft step cost / target step cost.
+first ``i + 1`` tokens were all accepted (unconditional); ``draft_tokens_per_pos[i]`` counts drafts that proposed
+position ``i`` (drafts may be shorter than K: n-gram lookup, dynamic K). A *rejection* is a draft that stopped at
+a rejected token rather than at its own end. Theory from Leviathan et al. 2023 (arXiv 2211.17192): α is the
+per-token acceptance probability, γ = K, c = the cost of one draft token as a fraction of a plain decode step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+#: The largest K a recommendation considers (0 means "turn speculation off").
+K_MAX = 16
 
 
 def acceptance_rate(accepted: int, draft_tokens: int) -> float | None:
@@ -45,28 +50,40 @@ def alpha_from_position0(accepted_per_pos: Sequence[int], drafts: int) -> float 
     return accepted_per_pos[0] / drafts
 
 
-def alpha(accepted_per_pos: Sequence[int], drafts: int, draft_tokens_per_pos: Sequence[int] = ()) -> float | None:
-    """Maximum-likelihood α over all positions, pooling the conditional ratios.
+def rejections(drafts: int, accepted_per_pos: Sequence[int], draft_tokens_per_pos: Sequence[int] = ()) -> int:
+    """Drafts that ended at a rejected token, from one engine step's per-position counts.
 
-    Each draft is a run of Bernoulli(α) trials that stops at the first rejection or after the last drafted
-    position. Successes are the accepted tokens; failures are the drafts that stopped early. When
-    ``draft_tokens_per_pos`` is known (drafts may be shorter than K, as with n-gram), a draft that accepted
-    everything it proposed counts as truncated rather than rejected.
+    Exact when every draft of the step has the same length (a draft model; any single-request step); for drafts
+    of mixed lengths in one step, the fewest rejections the counts allow (the profile maximum likelihood).
+    Without per-position draft counts every draft is taken as K long.
+    """
+    if not drafts or not accepted_per_pos:
+        return 0
+    k = len(accepted_per_pos)
+    if len(draft_tokens_per_pos) != k:
+        return max(0, drafts - accepted_per_pos[-1])
+    out = 0
+    reached_prev, proposed_prev = drafts, drafts
+    for i in range(k):
+        # Drafts that reached position i (accepted i tokens) and proposed it: at least this many, given the counts.
+        trials = max(accepted_per_pos[i], reached_prev + draft_tokens_per_pos[i] - proposed_prev)
+        out += max(0, trials - accepted_per_pos[i])
+        reached_prev, proposed_prev = accepted_per_pos[i], draft_tokens_per_pos[i]
+    return out
+
+
+def alpha(accepted_per_pos: Sequence[int], drafts: int, draft_tokens_per_pos: Sequence[int] = (),
+          rejected: int | None = None) -> float | None:
+    """Maximum-likelihood α: accepted tokens / (accepted tokens + rejections).
+
+    Each draft is a run of Bernoulli(α) trials that stops at the first rejection or at the draft's own end.
+    ``rejected`` is the count summed step by step (:func:`rejections`); without it, it is derived from the
+    interval's totals, which cannot tell short drafts that were fully accepted from long ones that were not.
     """
     if not drafts or not accepted_per_pos:
         return None
     successes = sum(accepted_per_pos)
-    k = len(accepted_per_pos)
-    if draft_tokens_per_pos and len(draft_tokens_per_pos) == k:
-        # Rejections at position i: drafts that reached i (accepted i tokens and proposed position i) minus
-        # those that accepted it.
-        failures = 0
-        for i in range(k):
-            reached = accepted_per_pos[i - 1] if i else drafts
-            proposed = min(reached, draft_tokens_per_pos[i])
-            failures += max(0, proposed - accepted_per_pos[i])
-    else:
-        failures = drafts - accepted_per_pos[-1]
+    failures = rejected if rejected is not None else rejections(drafts, accepted_per_pos, draft_tokens_per_pos)
     trials = successes + failures
     return successes / trials if trials else None
 
@@ -90,6 +107,34 @@ def expected_speedup(a: float, k: int, c: float) -> float:
     return expected_tokens_per_step(a, k) / (k * c + 1.0)
 
 
-def best_k(a: float, c: float, k_max: int = 16) -> tuple[int, float]:
-    """The K in 1..k_max maximising expected speedup, with that speedup."""
-    return max(((k, expected_speedup(a, k, c)) for k in range(1, k_max + 1)), key=lambda kv: kv[1])
+def tokens_per_step(k: int, per_position: Sequence[float], a: float, draft_fraction: float = 1.0) -> float:
+    """Tokens a request gains per decode step if drafts were ``k`` long, from what was observed at the running K.
+
+    Positions that were drafted count with their observed unconditional rates (``per_position``); positions
+    beyond them extend the last rate geometrically with α. ``draft_fraction`` is the share of request-steps that
+    carried a draft at all (n-gram lookup finds no match for some).
+    """
+    if k <= 0:
+        return 1.0
+    gained = sum(per_position[:k])
+    if k > len(per_position):
+        last = per_position[-1] if per_position else 1.0
+        gained += last * sum(a ** j for j in range(1, k - len(per_position) + 1))
+    return 1.0 + draft_fraction * gained
+
+
+def end_to_end(decode_speedup: float, decode_speedup_now: float, prefill_per_decode: float) -> float:
+    """Speedup of the whole workload when prefill (the same with or without speculation) takes engine time too.
+
+    ``prefill_per_decode`` is ρ = prefill seconds / decode seconds of a request at the running K, whose decode
+    speedup is ``decode_speedup_now``. Without speculation the decode part would take ``decode_speedup_now``
+    times longer; at another K it takes 1/``decode_speedup`` of that.
+    """
+    plain_decode = decode_speedup_now
+    return (prefill_per_decode + plain_decode) / (prefill_per_decode + plain_decode / decode_speedup)
+
+
+def best_k(speedup_at: Sequence[float]) -> tuple[int, float]:
+    """The K (index) with the highest speedup; ``speedup_at[0]`` is 1.0, speculation off. Ties go to smaller K."""
+    best = max(range(len(speedup_at)), key=lambda k: (speedup_at[k], -k))
+    return best, speedup_at[best]

@@ -1,142 +1,277 @@
-"""Does speculation pay? Expected speedup from the live α, K and the draft/target cost ratio c.
+"""Does speculation pay, and at which K? The expected speedup by batch size, from what the engine measured.
 
-Leviathan et al. 2023: speedup = (1 − α^(K+1)) / ((1 − α)(K·c + 1)), with c = draft step time / target step
-time. c is **measured** when a baseline is given: the same target's decode-step times without speculation, by
-batch size (``specscope calibrate``, or any specscope-instrumented engine's ``step_times``). Then, at batch b,
-a speculative step of T_spec(b) against a plain one of T_plain(b) gives the effective c(b) = (T_spec/T_plain − 1)/K:
+At the running K and batch size b the decode speedup is observed, not modelled: tokens a request gains per decode
+step (measured) × the step time without speculation / the step time with it. The second comes from the live
+engine; the first from a **baseline**, the same target's decode-step times without speculation (``specscope
+calibrate``). Their ratio also gives the effective draft cost per draft token, c(b) = (T_spec/T_plain − 1)/K:
 everything a speculative step costs beyond a plain one (K draft passes, verifying K+1 tokens per request,
-rejection sampling), per draft token. That makes the estimate depend on batch size, as real speedups do.
-Without a baseline, c is estimated from the two models' parameter counts (decoding is memory-bound on GPUs, so
-step time follows the bytes of weights read), and the estimate says so. n-gram lookup has no model: c ≈ 0.
+rejection sampling). For other K, tokens per step follow the observed per-position acceptance, extended with the
+maximum-likelihood α (Leviathan et al. 2023), and cost 1 + K·c(b).
+
+Prefill is not sped up: when the engine spends time in steps carrying prefill (ρ seconds per decode second), the
+end-to-end speedup of the workload is (ρ + s)/(ρ + s/s_K), where s is the decode speedup at the running K.
+
+Without a baseline c is estimated: from the two models' per-token parameters (decoding is memory-bound on GPUs),
+or, for n-gram and suffix lookup (no model), from a linear fit of the live step times over batch sizes (a
+verification of K+1 tokens per request), or an assumed 0.02 per draft token when there is only one batch size.
+Each estimate says which.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from specscope import acceptance as acc
-from specscope.model import CostRatio, Snapshot, StepProfile, StepTime
+from specscope.model import CostRatio, EngineSetup, Snapshot, StepProfile, StepTime
+from specscope.sizing import MODEL_FREE_METHODS, ModelSize
 
 #: Decode steps a batch size needs before its mean step time is used.
 MIN_STEPS = 3
+#: Decode steps a batch size needs to get a row of its own in the by-batch verdict and the K table (batch sizes
+#: an engine passes through briefly, as a batch drains, are too noisy to advise on).
+MIN_TABLE_STEPS = 20
+#: c assumed for a model-free method when the live step times cannot be fitted (one batch size so far).
+ASSUMED_VERIFY_COST = 0.02
 
 
 @dataclass(frozen=True)
 class SpeedupEstimate:
-    """Expected speedup over no speculation, and the K that would maximise it."""
+    """Expected speedup over no speculation at one batch size, at the running K and at every K in 0..16."""
 
     alpha: float
     k: int
     cost_ratio: float
+    #: "measured", "parameter counts", "verify model" or "assumed"
+    cost_basis: str
     cost_ratio_source: str
-    expected_tokens_per_step: float
-    expected_speedup: float
-    best_k: int
-    best_speedup: float
+    #: Tokens a request gains per decode step at the running K, and whether that was observed or modelled.
+    tokens_per_step: float
+    tokens_observed: bool
+    decode_speedup: float
+    #: Share of the engine's time in steps carrying prefill, which speculation does not speed up.
+    prefill_share: float
+    #: End-to-end speedup for K = 0 (speculation off, 1.0) .. 16.
+    by_k: tuple[float, ...]
     batch_size: int | None = None
 
     @property
+    def expected_speedup(self) -> float:
+        """End-to-end speedup at the running K."""
+        return self.by_k[self.k] if self.k < len(self.by_k) else self.decode_speedup
+
+    @property
+    def best_k(self) -> int:
+        """The K that maximises the speedup; 0 means speculation should be turned off."""
+        return acc.best_k(self.by_k)[0]
+
+    @property
+    def best_speedup(self) -> float:
+        """The speedup at :attr:`best_k` (1.0 when that is 0)."""
+        return acc.best_k(self.by_k)[1]
+
+    @property
     def pays(self) -> bool:
-        """True when speculation is expected to be faster than plain decoding."""
+        """True when speculation at the running K is expected to be faster than plain decoding."""
         return self.expected_speedup >= 1.0
+
+    @property
+    def measured(self) -> bool:
+        """True when c comes from live step times against a baseline."""
+        return self.cost_basis == "measured"
 
     def explain(self) -> str:
         """One paragraph a person can act on."""
         verdict = "pays" if self.pays else "does NOT pay"
-        advice = (f"K={self.best_k} would give {self.best_speedup:.2f}x" if self.best_speedup >= 1.0
-                  else "no K makes it pay with this draft: alpha is not above c")
         at = f" and batch {self.batch_size}" if self.batch_size else ""
+        tokens = f"{self.tokens_per_step:.2f} tokens/step {'observed' if self.tokens_observed else 'modelled'}"
+        prefill = f", prefill {self.prefill_share:.0%} of engine time" if self.prefill_share >= 0.005 else ""
+        if self.best_k == 0:
+            advice = "turn speculation off (K=0): no K makes it pay here"
+        elif self.best_k == self.k:
+            advice = f"K={self.k} is already the best"
+        else:
+            advice = f"K={self.best_k} would give {self.best_speedup:.2f}x"
         return (f"speculation {verdict}: expected speedup {self.expected_speedup:.2f}x at K={self.k}{at} "
-                f"(alpha {self.alpha:.2f}, c {self.cost_ratio:.2f}, {self.cost_ratio_source}); {advice}")
+                f"(decode {self.decode_speedup:.2f}x{prefill}; {tokens}; alpha {self.alpha:.2f}; "
+                f"c {self.cost_ratio:.2f}, {self.cost_ratio_source}); {advice}")
 
 
-def parameter_count(model_dir: str | Path) -> int | None:
-    """Approximate parameters of a decoder-only transformer from its config.json; None when unreadable."""
-    try:
-        cfg: dict[str, Any] = json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError):
+def cost_ratio_from_sizes(target: ModelSize | None, draft: ModelSize | None, method: str | None) -> CostRatio | None:
+    """c from per-token parameters of the loaded configs; None for model-free methods or unknown sizes."""
+    if method in MODEL_FREE_METHODS or target is None or draft is None or not target.per_token:
         return None
-    cfg = cfg.get("text_config", cfg)
-    try:
-        hidden, layers, vocab = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"]), int(cfg["vocab_size"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    heads = int(cfg.get("num_attention_heads") or 1)
-    kv_heads = int(cfg.get("num_key_value_heads") or heads)
-    head_dim = int(cfg.get("head_dim") or hidden // heads)
-    inter = int(cfg.get("intermediate_size") or 4 * hidden)
-    attention = hidden * head_dim * (2 * heads + 2 * kv_heads)  # q, o and k, v projections
-    mlp = 3 * hidden * inter  # gate, up, down
-    embeddings = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
-    return layers * (attention + mlp) + embeddings
+    return CostRatio(draft.per_token / target.per_token,
+                     f"estimated from parameters per token ({draft.per_token:,} draft / {target.per_token:,} target)",
+                     target.weights, draft.weights)
 
 
-def cost_ratio_from_models(target: str | Path, draft: str | Path | None, method: str | None) -> CostRatio | None:
-    """c estimated from parameter counts (or ≈0 for n-gram lookup); None when the configs cannot be read."""
-    if method == "ngram":
-        return CostRatio(0.0, "n-gram lookup runs no model")
-    if draft is None:
+def _spec(snap: Snapshot) -> Any:
+    """The window's speculative counts, or the lifetime's while the window has no drafts."""
+    return snap.window.spec if snap.window.spec and snap.window.spec.drafts else snap.lifetime.spec
+
+
+def _step(snap: Snapshot, batch: int) -> StepTime | None:
+    """This engine's steps at ``batch``: the window's when it has enough, else the lifetime's."""
+    return snap.window.step_times.get(batch, MIN_STEPS) or snap.lifetime.step_times.get(batch, MIN_STEPS)
+
+
+def _spec_step_time(snap: Snapshot, batch: int) -> float | None:
+    st = _step(snap, batch)
+    if st is not None:
+        return st.mean_s
+    return snap.window.step_times.at(batch, MIN_STEPS) or snap.lifetime.step_times.at(batch, MIN_STEPS)
+
+
+def baseline_problem(baseline: StepProfile, setup: EngineSetup | None) -> str | None:
+    """Why ``baseline`` cannot be used for an engine of ``setup``; None when it can (or either is unknown)."""
+    if baseline.setup is None or setup is None:
         return None
-    pt, pd = parameter_count(target), parameter_count(draft)
-    if not pt or not pd:
-        return None
-    return CostRatio(pd / pt, f"estimated from parameter counts ({pd:,} draft / {pt:,} target)", pt, pd)
+    diff = baseline.setup.differences(setup)
+    return f"{baseline.source} was measured on another setup ({'; '.join(diff)})" if diff else None
+
+
+def with_baseline(snap: Snapshot, baseline: StepProfile) -> Snapshot:
+    """``snap`` with ``baseline`` in place of its own (refused, with the reason, when the setups differ)."""
+    return replace(snap, baseline=baseline, baseline_problem=baseline_problem(baseline, snap.engine.setup))
+
+
+def usable_baseline(snap: Snapshot) -> StepProfile | None:
+    """The baseline, unless it was measured on another setup."""
+    return snap.baseline if snap.baseline is not None and snap.baseline_problem is None else None
 
 
 def measured_cost(snap: Snapshot, batch_size: int) -> CostRatio | None:
-    """The effective c at ``batch_size`` from live step times against the baseline; None without both."""
-    k = snap.engine.num_speculative_tokens
-    if snap.baseline is None or not k:
+    """c at ``batch_size`` from live step times against the baseline; None without both."""
+    k = snap.engine.k_at(batch_size)
+    base = usable_baseline(snap)
+    if base is None or not k:
         return None
-    t_spec, t_plain = snap.step_times.at(batch_size, MIN_STEPS), snap.baseline.at(batch_size, MIN_STEPS)
+    t_spec, t_plain = _spec_step_time(snap, batch_size), base.at(batch_size, MIN_STEPS)
     if t_spec is None or not t_plain:
         return None
     sizes = snap.cost_ratio
     return CostRatio(
         max(0.0, (t_spec / t_plain - 1.0) / k),
         f"measured at batch {batch_size}: {1e3 * t_spec:.1f} ms per speculative step, "
-        f"{1e3 * t_plain:.1f} ms without speculation ({snap.baseline.source})",
+        f"{1e3 * t_plain:.1f} ms without speculation ({base.source})",
         sizes.target_params if sizes else None,
         sizes.draft_params if sizes else None,
     )
 
 
-def estimate(snap: Snapshot, cost: CostRatio | None = None, batch_size: int | None = None) -> SpeedupEstimate | None:
-    """The estimate from the window's α (the lifetime's while the window is empty); None without the inputs.
+def verify_cost(snap: Snapshot, batch_size: int) -> CostRatio:
+    """c for a model-free method without a baseline: the verification of K+1 tokens per request, modelled.
 
-    c is, in order: ``cost`` if given, measured at ``batch_size`` (default: the last decode step's batch) when
-    a baseline is set, else the snapshot's estimate from parameter counts.
+    The live step times T(b) are fitted as T0 + β·(tokens a step verifies); without speculation a step would
+    verify one token per request, so c(b) = β·b / (T0 + β·b). With fewer than two batch sizes to fit, c is the
+    assumed :data:`ASSUMED_VERIFY_COST`.
     """
-    k = snap.engine.num_speculative_tokens
-    spec = snap.window.spec if snap.window.spec and snap.window.spec.drafts else snap.lifetime.spec
+    k = snap.engine.k_at(batch_size) or 1
+    spec = _spec(snap)
+    times = [t for t in snap.lifetime.step_times.times if t.steps >= MIN_STEPS]
+    request_steps = sum(t.steps * t.batch_size for t in times)
+    per_request = 1.0 + (spec.draft_tokens / request_steps if spec is not None and request_steps else k)
+    if len(times) >= 2:
+        xs = [t.batch_size * per_request for t in times]
+        ys = [t.mean_s for t in times]
+        n, mx, my = len(xs), sum(xs) / len(xs), sum(ys) / len(ys)
+        sxx = sum((x - mx) ** 2 for x in xs)
+        beta = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
+        t0 = my - beta * mx
+        if beta > 0 and t0 > 0:
+            c = beta * batch_size / (t0 + beta * batch_size)
+            return CostRatio(c, f"verify model: live step times fitted over {n} batch sizes "
+                                f"({1e3 * t0:.1f} ms + {1e6 * beta:.0f} us per verified token); no baseline")
+    return CostRatio(ASSUMED_VERIFY_COST, f"assumed {ASSUMED_VERIFY_COST} per draft token for verifying K+1 tokens; "
+                                          "run specscope calibrate for a measured c")
+
+
+def _observed_tokens(snap: Snapshot, k: int) -> float | None:
+    """Tokens a request gained per decode step, pooled over the batch sizes that ran ``k`` (acceptance depends on
+    the draft and the text, not on the batch): the window's, else the lifetime's."""
+    for interval in (snap.window, snap.lifetime):
+        times = [t for t in interval.step_times.times if t.steps and snap.engine.k_at(t.batch_size) == k]
+        request_steps = sum(t.steps * t.batch_size for t in times)
+        if request_steps >= MIN_STEPS and all(t.tokens for t in times):
+            return sum(t.tokens for t in times) / request_steps
+    return None
+
+
+def _prefill_per_decode(snap: Snapshot, batch: int | None, tokens: float) -> float:
+    """ρ at ``batch``: a request's prefill seconds per second of its decode, 0 when unknown.
+
+    Per request, prefill costs p̄ engine-seconds (time in steps carrying prefill / requests prefilled) and decode
+    (N̄ − 1)/E steps of T_spec(b), shared by the b requests of each step (N̄: output tokens per request; E:
+    tokens gained per step). Both are the workload's, from the window (else the lifetime).
+    """
+    interval = snap.window if snap.window.prefills and snap.window.requests else snap.lifetime
+    per_request, outputs = interval.prefill_s_per_request, interval.mean_output_tokens
+    t_spec = _spec_step_time(snap, batch) if batch else None
+    if not per_request or not outputs or outputs <= 1 or not t_spec or not batch:
+        return 0.0
+    return per_request / ((outputs - 1) / tokens * t_spec / batch)
+
+
+def _basis(cost: CostRatio, measured: bool) -> str:
+    if measured:
+        return "measured"
+    if cost.source.startswith("verify model"):
+        return "verify model"
+    if cost.source.startswith("assumed"):
+        return "assumed"
+    return "parameter counts"
+
+
+def estimate(snap: Snapshot, cost: CostRatio | None = None, batch_size: int | None = None) -> SpeedupEstimate | None:
+    """The estimate at ``batch_size`` (default: the last decode step's batch); None without the inputs.
+
+    c is, in order: ``cost`` if given, measured against a usable baseline, the verify model for model-free
+    methods, else the snapshot's estimate from parameters.
+    """
+    spec = _spec(snap)
+    batch = batch_size or snap.decode_batch
+    k = snap.engine.k_at(batch) if batch else snap.engine.num_speculative_tokens
     if not k or spec is None or spec.alpha is None:
         return None
-    batch = batch_size or snap.decode_batch
     measured = measured_cost(snap, batch) if cost is None and batch else None
+    if cost is None and measured is None and snap.engine.method in MODEL_FREE_METHODS:
+        cost = verify_cost(snap, batch or 1)
     cost = cost or measured or snap.cost_ratio
     if cost is None:
         return None
     a = spec.alpha
-    best_k, best = acc.best_k(a, cost.value)
+    rates = spec.per_position[:k]
+    observed = _observed_tokens(snap, k)
+    modelled_now = acc.tokens_per_step(k, rates, a)
+    tokens = observed if observed is not None else modelled_now
+    # The share of request-steps that drafted, so that the model reproduces what was observed at the running K.
+    drafted = sum(rates)
+    fraction = min(1.0, max(0.0, (tokens - 1.0) / drafted)) if drafted > 0 else 1.0
+    decode = [acc.tokens_per_step(j, rates, a, fraction) / (j * cost.value + 1.0) for j in range(acc.K_MAX + 1)]
+    decode_now = tokens / (k * cost.value + 1.0)
+    if k < len(decode):
+        decode[k] = decode_now
+    rho = _prefill_per_decode(snap, batch, tokens)
+    by_k = tuple(acc.end_to_end(s, decode_now, rho) for s in decode)
     return SpeedupEstimate(
-        alpha=a, k=k, cost_ratio=cost.value, cost_ratio_source=cost.source,
-        expected_tokens_per_step=acc.expected_tokens_per_step(a, k),
-        expected_speedup=acc.expected_speedup(a, k, cost.value), best_k=best_k, best_speedup=best,
-        batch_size=batch if measured is not None else None,
+        alpha=a, k=k, cost_ratio=cost.value, cost_basis=_basis(cost, measured is not None),
+        cost_ratio_source=cost.source, tokens_per_step=tokens, tokens_observed=observed is not None,
+        decode_speedup=decode_now, prefill_share=rho / (1.0 + rho), by_k=by_k,
+        batch_size=batch if measured is not None or observed is not None else None,
     )
 
 
 def by_batch_size(snap: Snapshot) -> list[SpeedupEstimate]:
-    """The measured estimate at every batch size this engine has run (needs a baseline)."""
+    """The measured estimate at every batch size this engine has run for long enough (needs a usable baseline)."""
     out = []
-    for t in snap.step_times.times:
-        if t.steps < MIN_STEPS:
+    for t in snap.lifetime.step_times.times:
+        if t.steps < MIN_TABLE_STEPS:
             continue
         est = estimate(snap, batch_size=t.batch_size)
-        if est is not None and est.batch_size is not None:
+        if est is not None and est.measured:
             out.append(est)
     return out
 
@@ -157,11 +292,97 @@ def by_batch_line(estimates: list[SpeedupEstimate]) -> str | None:
     return f"by batch size {cells}; {verdict}"
 
 
-def save_profile(profile: StepProfile, path: str | Path, model: str | None = None) -> None:
-    """Write step times as a baseline file (JSON) for :func:`load_profile`."""
-    doc = {"model": model, "step_times": [{"batch_size": t.batch_size, "steps": t.steps, "mean_s": t.mean_s}
-                                          for t in profile.times]}
+@dataclass(frozen=True)
+class KChoice:
+    """The best K at one batch size, with its expected speedup and the running K's."""
+
+    batch_size: int
+    k: int
+    speedup: float
+    running_k: int
+    running_speedup: float
+
+
+def k_table(snap: Snapshot) -> list[KChoice]:
+    """The K that maximises goodput at every batch size measured (0: turn speculation off there)."""
+    return [KChoice(e.batch_size or 0, e.best_k, e.best_speedup, e.k, e.expected_speedup) for e in by_batch_size(snap)]
+
+
+def k_schedule(snap: Snapshot, max_batch: int | None = None) -> list[tuple[int, int, int]]:
+    """vLLM's ``num_speculative_tokens_per_batch_size``: (first batch, last batch, K) ranges from 1 to
+    ``max_batch`` (default: the engine's max_num_seqs, else the largest batch measured).
+
+    Between measured batch sizes step times are interpolated; beyond the largest, its K carries on (as vLLM does
+    for batch sizes past the last range). Empty without measured estimates.
+    """
+    table = k_table(snap)
+    if not table:
+        return []
+    setup = snap.engine.setup
+    last = max_batch or (setup.max_num_seqs if setup and setup.max_num_seqs else table[-1].batch_size)
+    measured_to = table[-1].batch_size
+    ks: list[int] = []
+    for b in range(1, last + 1):
+        if b > measured_to:
+            ks.append(ks[-1])
+            continue
+        est = estimate(snap, batch_size=b)
+        ks.append(est.best_k if est is not None and est.measured else (ks[-1] if ks else table[0].k))
+    out: list[tuple[int, int, int]] = []
+    for b, k in enumerate(ks, start=1):
+        if out and out[-1][2] == k:
+            out[-1] = (out[-1][0], b, k)
+        else:
+            out.append((b, b, k))
+    return out
+
+
+def schedule_config(schedule: list[tuple[int, int, int]]) -> dict[str, Any] | None:
+    """The speculative-config keys that apply ``schedule``; None when no batch size should speculate."""
+    top = max((k for _, _, k in schedule), default=0)
+    if top == 0:
+        return None
+    return {"num_speculative_tokens": top,
+            "num_speculative_tokens_per_batch_size": [list(r) for r in schedule]}
+
+
+def schedule_text(snap: Snapshot) -> list[str]:
+    """The K table and the ready-to-paste schedule, as lines (empty without a usable baseline)."""
+    table = k_table(snap)
+    if not table:
+        return []
+    lines = ["batch  best K  speedup   (running K)"]
+    for c in table:
+        best = "off" if c.k == 0 else str(c.k)
+        lines.append(f"{c.batch_size:>5}  {best:>6}  {c.speedup:6.2f}x   (K={c.running_k}: {c.running_speedup:.2f}x)")
+    config = schedule_config(k_schedule(snap))
+    if config is None:
+        lines.append("turn speculation off: no K pays at any batch size measured")
+    else:
+        lines.append("speculative_config: " + json.dumps(config, separators=(", ", ": ")))
+    return lines
+
+
+# ----------------------------------------------------------------------------- baselines
+def save_profile(profile: StepProfile, path: str | Path) -> None:
+    """Write step times and the setup they were measured on as a baseline file (JSON) for :func:`load_profile`."""
+    setup = profile.setup or EngineSetup()
+    doc = {"setup": asdict(setup),
+           "step_times": [{"batch_size": t.batch_size, "steps": t.steps, "mean_s": t.mean_s} for t in profile.times]}
     Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def merge_profiles(profiles: list[StepProfile]) -> StepProfile:
+    """One baseline from several calibrations of the same setup (step-weighted means by batch size)."""
+    sums: dict[int, list[float]] = {}
+    for p in profiles:
+        for t in p.times:
+            row = sums.setdefault(t.batch_size, [0, 0.0])
+            row[0] += t.steps
+            row[1] += t.steps * t.mean_s
+    times = tuple(StepTime(b, int(n), total / n) for b, (n, total) in sorted(sums.items()) if n)
+    return StepProfile(times, profiles[0].source if profiles else "no calibration",
+                       profiles[0].setup if profiles else None)
 
 
 def load_profile(path: str | Path) -> StepProfile:
@@ -169,11 +390,13 @@ def load_profile(path: str | Path) -> StepProfile:
     try:
         doc = json.loads(Path(path).read_text())
         times = tuple(StepTime(int(t["batch_size"]), int(t["steps"]), float(t["mean_s"])) for t in doc["step_times"])
+        raw = doc.get("setup") or {}
+        setup = EngineSetup(**{k: v for k, v in raw.items() if k in EngineSetup.__dataclass_fields__}) if raw else None
     except OSError as exc:
         raise ValueError(f"cannot read baseline {path}: {exc.strerror or exc}") from None
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{path} is not a specscope baseline (step_times by batch size): {exc}") from None
     if not times or any(t.batch_size < 1 or t.steps < 1 or t.mean_s <= 0 for t in times):
         raise ValueError(f"{path} is not a usable baseline: it needs positive batch sizes, steps and times")
-    name = doc.get("model")
-    return StepProfile(times, f"baseline {Path(path).name}" + (f" of {name}" if name else ""))
+    name = setup.model if setup else doc.get("model")
+    return StepProfile(times, f"baseline {Path(path).name}" + (f" of {name}" if name else ""), setup)

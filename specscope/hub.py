@@ -8,19 +8,21 @@ ring of one-second buckets, and only the last ``max_requests`` request records a
 
 from __future__ import annotations
 
+import bisect
 import logging
 import queue
 import threading
 import time
-from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
+from specscope.counts import Counts, Ring, StepStats, StepTimer, scalars
 from specscope.model import (
     ACCEPTANCE_LENGTH_BOUNDS,
     ACCEPTANCE_RATE_BOUNDS,
+    OUTPUT_POSITION_BOUNDS,
     REQUEST_DURATION_BOUNDS,
     TPOT_BOUNDS,
     TTFT_BOUNDS,
@@ -30,14 +32,14 @@ from specscope.model import (
     Health,
     Histogram,
     KVCache,
+    PositionAcceptance,
     RequestRecord,
     Snapshot,
-    SpecCounts,
     StepProfile,
-    StepTime,
     TokenizerStatus,
-    Totals,
 )
+
+__all__ = ["GpuSource", "Hub", "Listener", "StepStats", "default_hub"]
 
 log = logging.getLogger("specscope")
 
@@ -47,186 +49,6 @@ Listener = Callable[[RequestRecord], None]
 GpuSource = Callable[[], GpuMemory]
 
 _NO_GPU = GpuMemory(status="not collected")
-#: Distinct batch sizes whose step times are kept (vLLM's max_num_seqs is 256 to 1024 in practice).
-_MAX_BATCH_SIZES = 4096
-
-
-@dataclass(slots=True)
-class StepStats:
-    """What one engine step reports, already read out of vLLM's objects."""
-
-    running: int | None = None
-    waiting: int | None = None
-    kv_usage: float | None = None
-    preemptions: int = 0
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    finished: int = 0
-    finished_tokens: int = 0
-    num_spec_tokens: int | None = None
-    drafts: int = 0
-    draft_tokens: int = 0
-    accepted: int = 0
-    accepted_per_pos: Sequence[int] = ()
-    draft_tokens_per_pos: Sequence[int] = ()
-
-
-#: The scalar counts of an interval, in the order the ring stores them.
-_COUNTS = (
-    "steps",
-    "prompt_tokens",
-    "generation_tokens",
-    "requests",
-    "preemptions",
-    "pc_queries",
-    "pc_hits",
-    "drafts",
-    "draft_tokens",
-    "accepted",
-)
-
-
-class _Acc:
-    """Mutable counts for one interval."""
-
-    __slots__ = (*_COUNTS, "dt_per_pos", "per_pos")
-
-    def __init__(self) -> None:
-        self.steps = self.prompt_tokens = self.generation_tokens = self.requests = 0
-        self.preemptions = self.pc_queries = self.pc_hits = 0
-        self.drafts = self.draft_tokens = self.accepted = 0
-        self.per_pos: list[int] = []
-        self.dt_per_pos: list[int] = []
-
-    def add_step(self, s: StepStats) -> None:
-        self.steps += 1
-        self.prompt_tokens += s.prompt_tokens
-        self.generation_tokens += s.generation_tokens
-        self.requests += s.finished
-        self.preemptions += s.preemptions
-        self.pc_queries += s.prefix_cache_queries
-        self.pc_hits += s.prefix_cache_hits
-        if s.drafts:
-            self.drafts += s.drafts
-            self.draft_tokens += s.draft_tokens
-            self.accepted += s.accepted
-            _add_into(self.per_pos, s.accepted_per_pos)
-            _add_into(self.dt_per_pos, s.draft_tokens_per_pos)
-
-    def add(self, o: _Acc) -> None:
-        for name in _COUNTS:
-            setattr(self, name, getattr(self, name) + getattr(o, name))
-        _add_into(self.per_pos, o.per_pos)
-        _add_into(self.dt_per_pos, o.dt_per_pos)
-
-    def totals(self, seconds: float, k: int | None) -> Totals:
-        spec = None
-        if k is not None:
-            spec = SpecCounts(
-                num_spec_tokens=k,
-                drafts=self.drafts,
-                draft_tokens=self.draft_tokens,
-                accepted=self.accepted,
-                accepted_per_pos=_pad(self.per_pos, k),
-                draft_tokens_per_pos=_pad(self.dt_per_pos, k),
-            )
-        return Totals(
-            seconds=seconds,
-            steps=self.steps,
-            prompt_tokens=self.prompt_tokens,
-            generation_tokens=self.generation_tokens,
-            requests=self.requests,
-            preemptions=self.preemptions,
-            prefix_cache_queries=self.pc_queries,
-            prefix_cache_hits=self.pc_hits,
-            spec=spec,
-        )
-
-
-def _add_into(dst: list[int], src: Sequence[int]) -> None:
-    if len(dst) < len(src):
-        dst.extend([0] * (len(src) - len(dst)))
-    for i, v in enumerate(src):
-        dst[i] += v
-
-
-def _pad(values: list[int], k: int) -> tuple[int, ...]:
-    return tuple(values[:k]) + (0,) * max(0, k - len(values))
-
-
-class _Ring:
-    """One-second buckets in preallocated arrays of machine integers: memory is fixed at creation."""
-
-    __slots__ = ("counts", "dpos", "k", "pos", "seconds", "size")
-    _N = len(_COUNTS)
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.seconds = array("q", [-1]) * size
-        self.counts = array("q", [0]) * (size * self._N)
-        self.k = 0
-        self.pos = array("q")
-        self.dpos = array("q")
-
-    def add_step(self, second: int, s: StepStats) -> None:
-        i = second % self.size
-        n, k = self._N, self.k
-        if self.seconds[i] != second:
-            self.seconds[i] = second
-            self.counts[i * n : (i + 1) * n] = array("q", [0]) * n
-            if k:
-                self.pos[i * k : (i + 1) * k] = array("q", [0]) * k
-                self.dpos[i * k : (i + 1) * k] = array("q", [0]) * k
-        c, b = self.counts, i * n
-        c[b] += 1
-        c[b + 1] += s.prompt_tokens
-        c[b + 2] += s.generation_tokens
-        c[b + 3] += s.finished
-        c[b + 4] += s.preemptions
-        c[b + 5] += s.prefix_cache_queries
-        c[b + 6] += s.prefix_cache_hits
-        if s.drafts:
-            c[b + 7] += s.drafts
-            c[b + 8] += s.draft_tokens
-            c[b + 9] += s.accepted
-            if len(s.accepted_per_pos) > k or len(s.draft_tokens_per_pos) > k:
-                self._widen(max(len(s.accepted_per_pos), len(s.draft_tokens_per_pos)))
-                k = self.k
-            for j, v in enumerate(s.accepted_per_pos):
-                self.pos[i * k + j] += v
-            for j, v in enumerate(s.draft_tokens_per_pos):
-                self.dpos[i * k + j] += v
-
-    def _widen(self, k: int) -> None:
-        """Make room for K draft positions (once, when speculation is first seen)."""
-        old_k, old_pos, old_dpos = self.k, self.pos, self.dpos
-        self.pos = array("q", [0]) * (self.size * k)
-        self.dpos = array("q", [0]) * (self.size * k)
-        for i in range(self.size):
-            for j in range(old_k):
-                self.pos[i * k + j] = old_pos[i * old_k + j]
-                self.dpos[i * k + j] = old_dpos[i * old_k + j]
-        self.k = k
-
-    def sum(self, now: int, window: int) -> _Acc:
-        total = _Acc()
-        n, k = self._N, self.k
-        for second in range(now - window + 1, now + 1):
-            i = second % self.size
-            if self.seconds[i] != second:
-                continue
-            row = self.counts[i * n : (i + 1) * n]
-            for name, v in zip(_COUNTS, row, strict=True):
-                setattr(total, name, getattr(total, name) + v)
-            if k:
-                _add_into(total.per_pos, self.pos[i * k : (i + 1) * k])
-                _add_into(total.dt_per_pos, self.dpos[i * k : (i + 1) * k])
-        return total
-
-    def clear(self) -> None:
-        self.seconds = array("q", [-1]) * self.size
 
 
 class _Hist:
@@ -266,7 +88,7 @@ class Hub:
             raise ValueError("window_s, max_requests and history_s must be positive")
         self._clock = clock
         self._lock = threading.Lock()
-        self._ring = _Ring(int(max(history_s, window_s)) + 1)
+        self._ring = Ring(int(max(history_s, window_s)) + 1)
         self._window_s = window_s
         self._max_requests = max_requests
         self._gpu_poll_s = gpu_poll_s
@@ -276,11 +98,12 @@ class Hub:
         self._tokenizer: TokenizerStatus | None = None
         self._cost_ratio: CostRatio | None = None
         self._baseline: StepProfile | None = None
-        # Decode-only step times by batch size: [steps, seconds]; bounded by the engine's maximum batch.
-        self._step_times: dict[int, list[float]] = {}
-        self._last_step_at: float | None = None
+        self._baseline_problem: str | None = None
+        self._timer = StepTimer()
         self._decode_batch: int | None = None
-        self._life = _Acc()
+        self._positions = [[0, 0] for _ in range(len(OUTPUT_POSITION_BOUNDS) + 1)]  # [drafted, accepted]
+        self._positions_seen = False
+        self._life = Counts()
         self._running: int | None = None
         self._waiting: int | None = None
         self._kv_usage: float | None = None
@@ -319,7 +142,7 @@ class Hub:
         with self._lock:
             self._window_s = seconds
             if seconds >= self._ring.size:
-                self._ring = _Ring(int(seconds) + 1)  # a longer window starts empty
+                self._ring = Ring(int(seconds) + 1)  # a longer window starts empty
 
     def reset_window(self) -> None:
         """Forget the window's contents; lifetime totals are kept."""
@@ -331,6 +154,7 @@ class Hub:
         """Say which engine and models the numbers come from."""
         with self._lock:
             self._engine = info
+        self._check_baseline()
 
     def set_tokenizer_status(self, status: TokenizerStatus) -> None:
         """Record the verdict of the start-up tokenizer check."""
@@ -343,9 +167,26 @@ class Hub:
             self._cost_ratio = cost
 
     def set_baseline(self, profile: StepProfile | None) -> None:
-        """Give the same target's step times without speculation, which turn live step times into a measured c."""
+        """Give the same target's step times without speculation, which turn live step times into a measured c.
+
+        A baseline measured on another setup (model architecture, dtype, device, vLLM version, max_num_seqs, ...)
+        is kept but not used: the snapshot says why in ``baseline_problem``, and one warning is logged.
+        """
         with self._lock:
             self._baseline = profile
+            self._baseline_problem = None
+        self._check_baseline()
+
+    def _check_baseline(self) -> None:
+        from specscope.diagnostics import baseline_problem
+
+        with self._lock:
+            if self._baseline is None or self._baseline_problem is not None:
+                return
+            self._baseline_problem = baseline_problem(self._baseline, self._engine.setup)
+            if self._baseline_problem is None:
+                return
+        log.warning("specscope: baseline not used: %s; run `specscope calibrate` on this setup", self._baseline_problem)
 
     @property
     def engine(self) -> EngineInfo:
@@ -384,10 +225,13 @@ class Hub:
         """Add one engine step's numbers."""
         now = self._clock()
         second = int(now)
+        values = scalars(s)
         with self._lock:
-            self._life.add_step(s)
-            self._ring.add_step(second, s)
-            self._time_step(now, s)
+            timing = self._timer.time(now, s)
+            if timing is not None and timing.decode_s is not None:
+                self._decode_batch = timing.batch
+            self._life.add_step(values, s, timing)
+            self._ring.add_step(second, values, s, timing)
             if s.running is not None:
                 self._running, self._waiting = s.running, s.waiting
             if s.kv_usage is not None:
@@ -428,6 +272,18 @@ class Hub:
                 self._pending[request_id] = now
             done += self._release_expired(now)
         self._publish(done)
+
+    def record_draft_positions(self, per_step_accepted: Sequence[int], per_step_drafted: Sequence[int]) -> None:
+        """Add one finished request's per-step draft counts (vLLM's ``detailed`` metrics) by output position."""
+        bounds = OUTPUT_POSITION_BOUNDS
+        with self._lock:
+            self._positions_seen = True
+            position = 1  # the first token comes from prefill
+            for accepted, drafted in zip(per_step_accepted, per_step_drafted, strict=False):
+                row = self._positions[bisect.bisect_right(bounds, position)]
+                row[0] += drafted
+                row[1] += accepted
+                position += accepted + 1
 
     def has_request(self, request_id: str) -> bool:
         """Whether a record for ``request_id`` is held."""
@@ -478,10 +334,12 @@ class Hub:
                 time_per_output_token=self._tpot_hist.freeze(),
                 tokenizer=self._tokenizer,
                 cost_ratio=self._cost_ratio,
-                step_times=StepProfile(
-                    tuple(StepTime(b, int(n), t / n) for b, (n, t) in sorted(self._step_times.items()))),
                 baseline=self._baseline,
+                baseline_problem=self._baseline_problem,
                 decode_batch=self._decode_batch,
+                acceptance_by_output_position=PositionAcceptance(
+                    OUTPUT_POSITION_BOUNDS, tuple(d for d, _ in self._positions),
+                    tuple(a for _, a in self._positions)) if self._positions_seen else None,
                 health=Health(
                     errors=tuple(sorted(self._errors.items())),
                     dropped_records=self._dropped,
@@ -502,26 +360,6 @@ class Hub:
             self._ttft_hist.observe(rec.ttft_s)
         if rec.tpot_s:
             self._tpot_hist.observe(rec.tpot_s)
-
-    def _time_step(self, now: float, s: StepStats) -> None:
-        """Time a decode-only step that followed a busy one (under the lock).
-
-        The gap between two step reports of a busy engine is one step's wall time. Steps with prefill are left
-        out, and so is the gap after an idle moment. The batch is the requests the step ran: those still running
-        plus those it finished.
-        """
-        prev, self._last_step_at = self._last_step_at, now
-        if prev is None or not self._running or s.prompt_tokens or not s.generation_tokens or s.running is None:
-            return
-        batch = s.running + s.finished
-        self._decode_batch = batch
-        acc = self._step_times.get(batch)
-        if acc is None:
-            if len(self._step_times) >= _MAX_BATCH_SIZES:
-                return
-            acc = self._step_times[batch] = [0, 0.0]
-        acc[0] += 1
-        acc[1] += now - prev
 
     def _release_expired(self, now: float) -> list[RequestRecord]:
         """Finalize the records that waited too long for their second part (under the lock)."""

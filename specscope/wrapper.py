@@ -2,7 +2,8 @@
 
 ``specscope.LLM`` is ``vllm.LLM`` with the same arguments and return values, plus a ``specscope`` attribute
 (the :class:`~specscope.hub.Hub` it feeds) and :meth:`LLM.snapshot`. It turns on what the numbers need: vLLM's
-stat collection and, when speculation is configured, per-request speculative metrics. When the caller did not
+stat collection and, when speculation is configured, per-request speculative metrics (``detailed``: per step,
+for acceptance by output position). When the caller did not
 ask for vLLM's own stat logging, vLLM's log-line and Prometheus loggers are left out so nothing is paid for
 them. :func:`instrument` attaches the same recording to an engine created elsewhere (``vllm.LLM``,
 ``LLMEngine`` or ``AsyncLLM``); :func:`uninstrument` removes it.
@@ -34,6 +35,10 @@ def _record_output(hub: Hub, output: Any) -> None:
     try:
         if output.finished:
             hub.record_request(str(output.request_id), **vllm_reader.output_fields(output))
+            for completion in getattr(output, "outputs", None) or ():
+                steps = vllm_reader.per_step_counts(getattr(completion, "spec_decode_metrics", None))
+                if steps is not None:
+                    hub.record_draft_positions(*steps)
     except Exception as exc:
         hub.count_error("request output", exc)
 
@@ -43,7 +48,8 @@ def instrument(engine: Any, hub: Hub | None = None, *, keep_vllm_loggers: bool =
 
     ``engine`` is a ``vllm.LLM``, an ``LLMEngine`` or an ``AsyncLLM`` created with stat logging on (the
     default, except for ``vllm.LLM``, which needs ``disable_log_stats=False``). With
-    ``keep_vllm_loggers=False`` vLLM's own log-line and Prometheus loggers are removed.
+    ``keep_vllm_loggers=False`` vLLM's own log-line and Prometheus loggers are removed. Instrumenting an engine
+    again moves it to ``hub`` (a ``specscope.LLM``'s ``specscope`` attribute and ``snapshot()`` follow).
     """
     hub = hub or default_hub()
     target = getattr(engine, "llm_engine", engine)
@@ -86,6 +92,8 @@ def instrument(engine: Any, hub: Hub | None = None, *, keep_vllm_loggers: bool =
         target.step = instrumented_step
         patched = "step"
     setattr(target, _STATE, (hub, stat_logger, removed, patched))
+    if isinstance(getattr(engine, "specscope", None), Hub):
+        engine.specscope = hub
     return hub
 
 
@@ -151,7 +159,7 @@ class LLM(vllm.LLM):
         keep_vllm_loggers = kwargs.get("disable_log_stats") is False
         kwargs["disable_log_stats"] = False
         if _wants_speculation(kwargs) and kwargs.get("per_request_spec_decode_metrics") is None:
-            kwargs["per_request_spec_decode_metrics"] = "summary"
+            kwargs["per_request_spec_decode_metrics"] = "detailed"
         super().__init__(model, **kwargs)
         self.specscope: Hub = instrument(self, hub, keep_vllm_loggers=keep_vllm_loggers)
 
@@ -164,20 +172,24 @@ def measure_step_times(llm: LLM, batch_sizes: Sequence[int], tokens: int = 64, r
     """Run greedy batches of each size for ``tokens`` tokens and return the engine's decode-step times.
 
     On an engine without speculation this is the baseline that turns a speculative engine's step times into a
-    measured cost ratio (``specscope calibrate`` writes it to a file). Every request generates exactly ``tokens``
-    tokens, so each batch keeps its size to the end.
+    measured cost ratio (``specscope calibrate`` writes it to a file, with the engine's setup). Every request
+    generates exactly ``tokens`` tokens, so each batch keeps its size to the end. One short untimed round first
+    warms the engine up (a fresh engine's first steps are slower).
     """
     from vllm import SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
-    base = llm.snapshot().step_times
-    before = {t.batch_size: t for t in base.times}
-    for _ in range(rounds):
+    def run(max_tokens: int) -> None:
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         for b in batch_sizes:
             llm.generate([f"calibration prompt {i}: the quick brown fox" for i in range(b)], params, use_tqdm=False)
-    after = llm.snapshot().step_times.times
+
+    run(8)
+    before = {t.batch_size: t for t in llm.snapshot().lifetime.step_times.times}
+    for _ in range(rounds):
+        run(tokens)
+    snap = llm.snapshot()
     times = []
-    for t in after:
+    for t in snap.lifetime.step_times.times:
         if t.batch_size not in batch_sizes:
             continue
         old = before.get(t.batch_size)
@@ -185,7 +197,7 @@ def measure_step_times(llm: LLM, batch_sizes: Sequence[int], tokens: int = 64, r
         if steps > 0:
             seconds = t.steps * t.mean_s - (old.steps * old.mean_s if old else 0.0)
             times.append(StepTime(t.batch_size, steps, seconds / steps))
-    return StepProfile(tuple(times), f"measured on {llm.snapshot().engine.model}")
+    return StepProfile(tuple(times), f"measured on {snap.engine.model}", snap.engine.setup)
 
 
 class AsyncLLM(_VllmAsyncLLM):
@@ -200,7 +212,7 @@ class AsyncLLM(_VllmAsyncLLM):
     def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
         obs = vllm_config.observability_config
         if vllm_config.speculative_config is not None and obs.per_request_spec_decode_metrics == "none":
-            obs.per_request_spec_decode_metrics = "summary"
+            obs.per_request_spec_decode_metrics = "detailed"
         hub = type(self).specscope_default_hub or default_hub()
         kwargs["stat_loggers"] = [*(kwargs.get("stat_loggers") or []), SpecscopeStatLogger.bound_to(hub)]
         super().__init__(vllm_config, *args, **kwargs)

@@ -120,6 +120,9 @@ class SpecscopeMiddleware:
         # vLLM's engine sees "<id>-0" for the first prompt of a completion, "<id>" for a chat completion.
         rid = next((c for c in (response_id, f"{response_id}-0") if self.hub.has_request(c)), response_id)
         self.hub.record_request(rid, **vllm_reader.response_fields(body))
+        steps = vllm_reader.per_step_counts((body.get("metrics") or {}).get("speculative_decoding"))
+        if steps is not None:
+            self.hub.record_draft_positions(*steps)
 
     async def _snapshot(self, send: Send) -> None:
         payload = json.dumps(self.hub.snapshot().to_dict()).encode()

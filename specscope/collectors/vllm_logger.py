@@ -31,13 +31,8 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
         self.vllm_config = vllm_config
         self.engine_indexes = list(engine_indexes or [0])
         try:
-            info = vllm_reader.engine_info(vllm_config)
-            self.target.set_engine(info)
-            if info.model:
-                from specscope.diagnostics import cost_ratio_from_models
-
-                self.target.set_cost_ratio(cost_ratio_from_models(
-                    getattr(vllm_config.model_config, "model", info.model), info.draft_model, info.method))
+            self.target.set_engine(vllm_reader.engine_info(vllm_config))
+            self.target.set_cost_ratio(vllm_reader.cost_ratio(vllm_config))
             baseline = os.environ.get("SPECSCOPE_BASELINE")
             if baseline and type(self).hub is None:
                 from specscope.diagnostics import load_profile

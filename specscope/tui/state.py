@@ -15,8 +15,9 @@ from dataclasses import dataclass, replace
 from specscope.alerts.evaluate import Alert, Evaluator
 from specscope.alerts.rules import Thresholds
 from specscope.collectors.scrape import Source, SourceError
+from specscope.diagnostics import with_baseline
 from specscope.hub import Hub
-from specscope.model import Snapshot, SpecCounts, Totals
+from specscope.model import Snapshot, SpecCounts, StepProfile, StepTime, Totals
 
 #: History points kept per target (one per poll): 15 minutes at the default interval.
 HISTORY = 900
@@ -44,6 +45,8 @@ def minus(a: Totals, b: Totals) -> Totals:
                                                          strict=False)),
             draft_tokens_per_pos=tuple(x - y for x, y in zip(a.spec.draft_tokens_per_pos,
                                                              b.spec.draft_tokens_per_pos, strict=False)),
+            rejections=None if a.spec.rejections is None or b.spec.rejections is None
+            else a.spec.rejections - b.spec.rejections,
         )
     return Totals(
         seconds=a.seconds - b.seconds,
@@ -55,14 +58,36 @@ def minus(a: Totals, b: Totals) -> Totals:
         prefix_cache_queries=a.prefix_cache_queries - b.prefix_cache_queries,
         prefix_cache_hits=a.prefix_cache_hits - b.prefix_cache_hits,
         spec=spec,
+        step_times=_minus_steps(a.step_times, b.step_times),
+        prefills=a.prefills - b.prefills,
     )
+
+
+def _minus_steps(a: StepProfile, b: StepProfile) -> StepProfile:
+    """The steps of ``a`` since ``b`` (lifetime step times of one engine), batch size by batch size."""
+    before = {t.batch_size: t for t in b.times}
+    out = []
+    for t in a.times:
+        o = before.get(t.batch_size)
+        if o is None:
+            out.append(t)
+            continue
+        steps = t.steps - o.steps
+        if steps <= 0 and t.prefill_steps <= o.prefill_steps:
+            continue
+        mean = (t.steps * t.mean_s - o.steps * o.mean_s) / steps if steps > 0 else 0.0
+        out.append(StepTime(t.batch_size, max(0, steps), mean, t.tokens - o.tokens, t.prefill_steps - o.prefill_steps,
+                            t.prefill_s - o.prefill_s))
+    return StepProfile(tuple(out), a.source)
 
 
 class Target:
     """One engine on the screen."""
 
-    def __init__(self, source: Source, thresholds: Thresholds | None = None, history: int = HISTORY) -> None:
+    def __init__(self, source: Source, thresholds: Thresholds | None = None, history: int = HISTORY,
+                 baseline: StepProfile | None = None) -> None:
         self.source = source
+        self.baseline = baseline
         self.name = source.name
         self.snapshot: Snapshot | None = None
         self.error: str | None = None
@@ -86,6 +111,8 @@ class Target:
             self.error = f"{type(exc).__name__}: {exc}"
             return
         self.fetch_ms = 1e3 * (time.perf_counter() - t0)
+        if self.baseline is not None:
+            snap = with_baseline(snap, self.baseline)
         if self.points and snap.lifetime.generation_tokens < self.points[-1].lifetime.generation_tokens:
             self.points.clear()  # the engine restarted: its counters began again
         self.snapshot, self.error = snap, None

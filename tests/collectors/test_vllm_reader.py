@@ -75,3 +75,55 @@ def test_stat_logger_feeds_the_hub_and_survives_garbage() -> None:
     assert snap.lifetime.spec.accepted == 5 and snap.lifetime.requests == 1
     assert snap.requests[0].request_id == "req-1"
     assert dict(snap.health.errors) == {"stat logger step": 1}
+
+
+def test_rejections_are_read_per_step() -> None:
+    sched, it = make_stats()
+    s = vllm_reader.read_step(sched, it)
+    # Drafts of 4, 4 and 2 tokens accepting 4, 1 and 0: two stopped at a rejection, one ended on its own.
+    assert s.rejections == 2
+
+
+def decode_step(running: int, finished: int, itl: list[float], ttft: list[float]) -> tuple[object, object]:
+    sched = stats.SchedulerStats(num_running_reqs=running, num_waiting_reqs=0)
+    it = stats.IterationStats()
+    it.inter_token_latencies_iter.extend(itl)  # one per request that produced tokens after an earlier step
+    it.time_to_first_tokens_iter.extend(ttft)  # one per request whose prefill ended in this step
+    for i in range(finished):
+        it.finished_requests.append(stats.FinishedRequestStats(
+            finish_reason="length", request_id=f"f{i}", e2e_latency=1.0, num_prompt_tokens=1,
+            num_generation_tokens=1))
+    return sched, it
+
+
+@pytest.mark.parametrize(("running", "finished", "itl", "ttft", "batch", "decode_s", "prefill"), [
+    (3, 1, [0.02] * 4, [], 4, 0.02, False),  # every request decoded after the previous step: pure decode
+    (3, 0, [0.02] * 2, [], 3, None, True),  # one running request produced nothing: a prompt chunk
+    (3, 0, [0.02] * 2, [0.5], 3, None, True),  # one request's prefill ended here
+    (2, 0, [0.02, 0.09], [], 2, None, False),  # one came back from preemption: not a clean step
+    (0, 0, [], [], 0, None, False),
+])
+def test_step_timing_from_the_engine_cores_intervals(running: int, finished: int, itl: list[float],
+                                                      ttft: list[float], batch: int, decode_s: float | None,
+                                                      prefill: bool) -> None:
+    s = vllm_reader.read_step(*decode_step(running, finished, itl, ttft))
+    assert (s.batch, s.decode_s, s.prefill) == (batch, decode_s, prefill)
+    assert s.first_tokens == len(ttft) and s.first_token_s == (min(ttft) if ttft else None)
+
+
+def test_detailed_per_request_metrics_give_acceptance_by_output_position() -> None:
+    m = stats.RequestSpecDecodeMetrics.new(4)
+    for accepted in (4, 4, 4, 0, 1):
+        m.observe(num_draft_tokens=4, num_accepted=accepted, detailed=True)
+    steps = vllm_reader.per_step_counts(m)
+    assert steps == ([4, 4, 4, 0, 1], [4, 4, 4, 4, 4]) == vllm_reader.per_step_counts(m.to_dict())
+    summary = stats.RequestSpecDecodeMetrics.new(4)
+    summary.observe(num_draft_tokens=4, num_accepted=2)
+    assert vllm_reader.per_step_counts(summary) is None
+    hub = Hub()
+    hub.record_draft_positions(*steps)
+    pos = hub.snapshot().acceptance_by_output_position
+    assert pos is not None
+    # Drafts made at output positions 1, 6, 11 (bin 0-15: 12 of 12 accepted), then 16 and 17 (bin 16-31: 1 of 8).
+    assert pos.draft_tokens[:2] == (12, 8) and pos.accepted[:2] == (12, 1)
+    assert pos.rates[0] == 1.0 and pos.rates[1] == pytest.approx(1 / 8) and pos.rates[2] is None

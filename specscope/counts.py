@@ -1,0 +1,227 @@
+"""Interval counts, defined once: what one engine step adds, summed over the lifetime and over one-second buckets.
+
+:class:`StepStats` is one step as read from vLLM (:mod:`specscope.collectors.vllm_reader`); :class:`StepTimer`
+says how long it took; :class:`Counts` adds both up for an interval; :class:`Ring` keeps one ``Counts`` per
+second for the sliding window, preallocated so that memory stays flat.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from specscope.model import SpecCounts, StepProfile, StepTime, Totals
+
+#: The scalar counts of an interval, in the order :func:`scalars` produces them.
+SCALARS = ("steps", "prompt_tokens", "generation_tokens", "requests", "preemptions", "pc_queries", "pc_hits",
+           "drafts", "draft_tokens", "accepted", "rejections", "prefills")
+#: Distinct batch sizes kept per interval (vLLM's max_num_seqs is 256 to 1024 in practice).
+MAX_BATCH_SIZES = 1024
+
+
+@dataclass(slots=True)
+class StepStats:
+    """What one engine step reports, already read out of vLLM's objects."""
+
+    running: int | None = None
+    waiting: int | None = None
+    kv_usage: float | None = None
+    preemptions: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    finished: int = 0
+    finished_tokens: int = 0
+    num_spec_tokens: int | None = None
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+    accepted_per_pos: Sequence[int] = ()
+    draft_tokens_per_pos: Sequence[int] = ()
+    rejections: int = 0
+    #: The requests the step ran (running after it plus those it finished); None when unknown.
+    batch: int | None = None
+    #: A pure decode step's duration in the engine core (every request decoded, none was in prefill).
+    decode_s: float | None = None
+    #: The step carried prefill: a prompt chunk, or a request's first token.
+    prefill: bool = False
+    #: Requests whose prefill ended in this step, and the shortest of their times to first token (which bounds
+    #: the step's duration).
+    first_tokens: int = 0
+    first_token_s: float | None = None
+
+
+def scalars(s: StepStats) -> tuple[int, ...]:
+    """One step's contribution to :data:`SCALARS`, in that order (the only place that maps the two)."""
+    spec = s.drafts > 0
+    return (1, s.prompt_tokens, s.generation_tokens, s.finished, s.preemptions, s.prefix_cache_queries,
+            s.prefix_cache_hits, s.drafts, s.draft_tokens if spec else 0, s.accepted if spec else 0,
+            s.rejections if spec else 0, s.first_tokens)
+
+
+def _add_into(dst: list[int], src: Sequence[int]) -> None:
+    if len(dst) < len(src):
+        dst.extend([0] * (len(src) - len(dst)))
+    for i, v in enumerate(src):
+        dst[i] += v
+
+
+def _pad(values: list[int], k: int) -> tuple[int, ...]:
+    return tuple(values[:k]) + (0,) * max(0, k - len(values))
+
+
+@dataclass(slots=True)
+class Timing:
+    """How long one step took and at which batch size (see :class:`StepTimer`)."""
+
+    batch: int
+    decode_s: float | None = None
+    prefill_s: float | None = None
+
+
+class StepTimer:
+    """Times engine steps from what vLLM reports.
+
+    A pure decode step's duration is measured in the engine core (the interval between its outputs, the same for
+    every request of the step). A step carrying prefill produces no such interval; its duration is bounded by the
+    gap since the previous step report of a busy engine and by its requests' time to first token, and the
+    smaller bound is taken. After an idle moment with no first token (a long prompt's first chunk) it is unknown.
+    """
+
+    __slots__ = ("_busy", "_last")
+
+    def __init__(self) -> None:
+        self._last: float | None = None
+        self._busy = False
+
+    def time(self, now: float, s: StepStats) -> Timing | None:
+        """The step's timing, or None when the step says too little (no batch: an idle or partial report)."""
+        prev, busy, self._last = self._last, self._busy, now
+        if s.running is not None:
+            self._busy = bool(s.running or s.waiting)
+        if not s.batch:
+            return None
+        if s.decode_s is not None and not s.prefill:
+            return Timing(s.batch, decode_s=s.decode_s)
+        if not s.prefill:
+            return None
+        bounds = [b for b in ((now - prev) if busy and prev is not None else None, s.first_token_s) if b is not None]
+        return Timing(s.batch, prefill_s=min(bounds)) if bounds else None
+
+
+class Counts:
+    """Counts of one interval: scalars, per-position arrays and step times by batch size."""
+
+    __slots__ = ("batches", "dt_per_pos", "per_pos", "scalars")
+
+    def __init__(self) -> None:
+        self.scalars = [0] * len(SCALARS)
+        self.per_pos: list[int] = []
+        self.dt_per_pos: list[int] = []
+        #: batch size -> [decode steps, decode seconds, decode tokens, prefill steps, prefill seconds]
+        self.batches: dict[int, list[float]] = {}
+
+    def clear(self) -> None:
+        """Back to zero, keeping the allocated lists."""
+        self.scalars[:] = [0] * len(SCALARS)
+        self.per_pos[:] = [0] * len(self.per_pos)
+        self.dt_per_pos[:] = [0] * len(self.dt_per_pos)
+        self.batches.clear()
+
+    def add_step(self, values: tuple[int, ...], s: StepStats, timing: Timing | None) -> None:
+        """Add one step (``values`` is :func:`scalars` of it, computed once for every interval it joins)."""
+        self.scalars[:] = map(operator.add, self.scalars, values)
+        if s.drafts:
+            _add_into(self.per_pos, s.accepted_per_pos)
+            _add_into(self.dt_per_pos, s.draft_tokens_per_pos)
+        if timing is None:
+            return
+        row = self.batches.get(timing.batch)
+        if row is None:
+            if len(self.batches) >= MAX_BATCH_SIZES:
+                return
+            row = self.batches[timing.batch] = [0, 0.0, 0, 0, 0.0]
+        if timing.decode_s is not None:
+            row[0] += 1
+            row[1] += timing.decode_s
+            row[2] += s.generation_tokens
+        else:
+            row[3] += 1
+            row[4] += timing.prefill_s or 0.0
+
+    def add(self, other: Counts) -> None:
+        """Add another interval's counts."""
+        self.scalars[:] = map(operator.add, self.scalars, other.scalars)
+        _add_into(self.per_pos, other.per_pos)
+        _add_into(self.dt_per_pos, other.dt_per_pos)
+        for b, row in other.batches.items():
+            mine = self.batches.get(b)
+            if mine is None:
+                self.batches[b] = list(row)
+            else:
+                mine[:] = map(operator.add, mine, row)
+
+    def totals(self, seconds: float, k: int | None) -> Totals:
+        """The interval as an immutable :class:`Totals`; speculative counts only when ``k`` is known."""
+        c = dict(zip(SCALARS, self.scalars, strict=True))
+        spec = None
+        if k is not None:
+            spec = SpecCounts(
+                num_spec_tokens=k,
+                drafts=c["drafts"],
+                draft_tokens=c["draft_tokens"],
+                accepted=c["accepted"],
+                accepted_per_pos=_pad(self.per_pos, k),
+                draft_tokens_per_pos=_pad(self.dt_per_pos, k),
+                rejections=c["rejections"],
+            )
+        times = tuple(StepTime(b, int(n), t / n if n else 0.0, int(tok), int(pn), ps)
+                      for b, (n, t, tok, pn, ps) in sorted(self.batches.items()))
+        return Totals(
+            seconds=seconds,
+            steps=c["steps"],
+            prompt_tokens=c["prompt_tokens"],
+            generation_tokens=c["generation_tokens"],
+            requests=c["requests"],
+            preemptions=c["preemptions"],
+            prefix_cache_queries=c["pc_queries"],
+            prefix_cache_hits=c["pc_hits"],
+            spec=spec,
+            step_times=StepProfile(times),
+            prefills=c["prefills"],
+        )
+
+
+class Ring:
+    """One :class:`Counts` per second over ``size`` seconds, allocated at creation and reused."""
+
+    __slots__ = ("buckets", "seconds", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.seconds = [-1] * size
+        self.buckets = [Counts() for _ in range(size)]
+
+    def add_step(self, second: int, values: tuple[int, ...], s: StepStats, timing: Timing | None) -> None:
+        """Add a step to the bucket of ``second``."""
+        i = second % self.size
+        bucket = self.buckets[i]
+        if self.seconds[i] != second:
+            self.seconds[i] = second
+            bucket.clear()
+        bucket.add_step(values, s, timing)
+
+    def sum(self, now: int, window: int) -> Counts:
+        """The counts of the last ``window`` seconds up to ``now``."""
+        total = Counts()
+        for second in range(now - window + 1, now + 1):
+            i = second % self.size
+            if self.seconds[i] == second:
+                total.add(self.buckets[i])
+        return total
+
+    def clear(self) -> None:
+        """Forget every bucket."""
+        self.seconds = [-1] * self.size
