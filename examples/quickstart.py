@@ -19,7 +19,7 @@ def run(target: str, draft: str, prompts: list[str], k: int) -> None:
     import specscope
     from specscope.alerts.evaluate import Evaluator
     from specscope.alerts.rules import Thresholds
-    from specscope.report import request_table, summary
+    from specscope.summary import request_table, summary
 
     llm = specscope.LLM(
         target,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any, NoReturn
 
 from specscope._version import __version__
@@ -23,7 +24,7 @@ def _models(args: argparse.Namespace) -> int:
         print(json.dumps({k: str(v) for k, v in paths.items()}))
     else:
         for name, path in paths.items():
-            print(f"{name:<16} {path}  {tiny_models.DRAFTS.get(name, 'target model')}")
+            print(f"{name:<16} {path}  {tiny_models.MODELS[name]}")
     return 0
 
 
@@ -158,10 +159,46 @@ def _calibrate(args: argparse.Namespace) -> int:
         print(f"specscope: error: the engine did not start: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     profile = measure_step_times(llm, sizes, args.tokens)
-    save_profile(profile, args.out, args.model)
+    save_profile(profile, args.out)
     for t in profile.times:
         print(f"batch {t.batch_size:>4}: {1e3 * t.mean_s:8.2f} ms per decode step ({t.steps} steps)")
     print(f"wrote {args.out}; pass it as specscope.LLM(..., specscope_baseline=...) or SPECSCOPE_BASELINE")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from specscope.diagnostics import load_profile
+    from specscope.report import ReportError, SourceDown, load, render
+
+    if args.duration < 0 or args.interval <= 0 or args.window <= 0:
+        print("specscope: error: --duration must be 0 or more, --interval and --window positive", file=sys.stderr)
+        return 2
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print("specscope: error: the report draws with matplotlib: pip install 'specscope[report]'", file=sys.stderr)
+        return 2
+    try:
+        baseline = load_profile(args.baseline) if args.baseline else None
+        rep = load(args.source, window_s=args.window, duration_s=args.duration, interval_s=args.interval,
+                   baseline=baseline)
+    except SourceDown as exc:
+        print(f"specscope: {args.source}: {exc}", file=sys.stderr)
+        return 1
+    except (ReportError, ValueError) as exc:
+        print(f"specscope: error: {exc}", file=sys.stderr)
+        return 2
+    page, figures = render(rep)
+    try:
+        Path(args.out).write_text(page, encoding="utf-8")
+        if args.figures:
+            Path(args.figures).mkdir(parents=True, exist_ok=True)
+            for name, png in figures.items():
+                (Path(args.figures) / f"{name}.png").write_bytes(png)
+    except OSError as exc:
+        print(f"specscope: error: cannot write the report: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out} ({len(figures)} plots)")
     return 0
 
 
@@ -233,6 +270,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(top)
     top.set_defaults(func=_top)
+    rep = sub.add_parser(
+        "report", help="one HTML page with plots, from an endpoint, a recording or the truth benchmark's results",
+        description="Acceptance over time, by draft position and by output position, the expected speedup by K and "
+        "the K table with vLLM's schedule, from a live specscope endpoint (polled for --duration), a recording "
+        "(specscope top --record) or benchmarks/results/truth.json (predicted against measured speedup).",
+        epilog="exit status: 0 written, 1 the endpoint is down, 2 bad input.")
+    rep.add_argument("source", help="http(s)://... endpoint, a recording (JSON lines), or truth.json")
+    rep.add_argument("-o", "--out", default="specscope-report.html", help="the page to write")
+    rep.add_argument("--duration", type=float, default=30.0, help="seconds to poll an endpoint (default 30)")
+    rep.add_argument("--interval", type=float, default=1.0, help="seconds between polls (default 1)")
+    rep.add_argument("--window", type=float, default=30.0, help="window of the acceptance curve (default 30 s)")
+    rep.add_argument("--baseline", metavar="FILE", help="step times without speculation (specscope calibrate)")
+    rep.add_argument("--figures", metavar="DIR", help="also write each plot as a PNG into DIR")
+    rep.set_defaults(func=_report)
     demo = sub.add_parser("demo", help="run a real engine through good and weak drafts with the dashboard open")
     demo.add_argument("--headless", action="store_true", help="no screen: run the scenarios, print what fired")
     demo.add_argument("--record", metavar="FILE", help="record the dashboard's snapshots to FILE")

@@ -1,11 +1,15 @@
 """``specscope demo``: a real vLLM engine walked through the situations specscope exists for, dashboard open.
 
-Scenarios, one engine at a time (the tiny local models; greedy decoding):
+Scenarios, one engine at a time (the deep family of local models, where speculation really pays on a CPU; greedy
+decoding):
 
 1. tokenizer check: a draft whose tokenizer has the target's vocabulary size but other ids (vLLM would run it);
-2. baseline: the target alone, timed at batch 1 and 8 (what makes the speedup estimate measured);
-3. good draft (an exact copy): speculation pays at batch 1, then at batch 16 it stops paying;
-4. weak draft (10% noise): acceptance falls under the threshold and the weak-draft alert fires.
+2. baseline: the 12-layer target alone, calibrated at batch 1 and 16 (what makes the verdict measured);
+3. good draft (the target's own first layer, K=6): about 2x faster at batch 1; at batch 16 verifying costs more
+   than it saves. At each batch size the measured speedup (against the baseline engine, run alternately) is shown
+   beside specscope's prediction, with the K that would pay best and vLLM's schedule for it;
+4. weak draft (a target whose later layers matter more, so its first layer predicts it badly): acceptance under
+   30%, the weak-draft and not-paying alerts fire, and the recommended K is 0.
 
 Each scenario is a target in the dashboard's fleet; the screen follows the running one. ``--headless`` runs the
 same scenarios without the screen and prints each scenario's summary and the alerts that fired.
@@ -30,15 +34,18 @@ from specscope.hub import Hub
 from specscope.model import EngineInfo, StepProfile, TokenizerStatus
 from specscope.tui.state import Target
 
-#: Short windows and waits so that every alert can come alive within the demo's couple of minutes.
+#: Short windows and waits so that every alert can come alive within the demo's few minutes.
 DEMO_THRESHOLDS = Thresholds(weak_draft_min_draft_tokens=100, weak_draft_for_s=3, keep_firing_for_s=600,
-                             fragmentation_for_s=5, kv_pressure_for_s=5, gpu_memory_for_s=5, window_s=10)
-WINDOW_S = 10.0
-K = 4
-SCENARIOS = ("tokenizer check", "baseline (no speculation)", "good draft (copy)", "weak draft (noise 10%)")
-#: A batch size where, on a 2-core CPU, speculation with even a perfect draft costs more than it saves.
-BIG_BATCH = 16
-ENGINE = {"enforce_eager": True, "dtype": "float32", "max_model_len": 512, "seed": 0}
+                             fragmentation_for_s=5, kv_pressure_for_s=5, gpu_memory_for_s=5, window_s=30)
+WINDOW_S = 30.0
+GOOD_K = 6
+WEAK_K = 4
+SCENARIOS = ("tokenizer check", "baseline (no speculation)", f"good draft (layer 0, K={GOOD_K})",
+             "weak draft (f=0.1)")
+#: Batch sizes shown: one request at a time, and a batch where, on a 2-core CPU, speculation stops paying.
+BATCHES = (1, 16)
+TOKENS = 96
+ENGINE = {"enforce_eager": True, "dtype": "float32", "max_model_len": 1024, "seed": 0}
 
 
 class Demo:
@@ -49,80 +56,95 @@ class Demo:
 
         self.say, self.show = say, show
         self.models = tiny_models.build()
-        self.prompts = tiny_models.prompts(64, seed=5)
+        prompts = tiny_models.prompts(64, seed=5)
+        self.work = {1: [[p] for p in prompts[:4]], 16: [prompts[16:32]]}
         self.hubs = {name: Hub(window_s=WINDOW_S) for name in SCENARIOS}
+        self.measured: dict[int, float] = {}
 
     def run(self) -> None:
         """All scenarios, in order."""
         self.tokenizer_check()
-        baseline = self.baseline()
-        self.good_draft(baseline)
+        plain, baseline = self.baseline()
+        self.good_draft(plain, baseline)
+        self._close(plain)
         self.weak_draft(baseline)
         self.say("done: every scenario ran. Keys: tab/enter to pick an engine in the fleet, ? for help, q to quit")
 
     def tokenizer_check(self) -> None:
         from specscope.tokenizer_check import compare
 
-        name = "tokenizer check"
+        name = SCENARIOS[0]
         target, draft = str(self.models["target"]), str(self.models["other-tokenizer"])
         self.show(name)
         self.say("1/4 tokenizer check: a draft with the target's vocabulary size but other token ids")
         report = compare(target, draft)
         hub = self.hubs[name]
-        hub.set_engine(EngineInfo(model=target, draft_model=draft, method="draft_model", num_speculative_tokens=K))
+        hub.set_engine(EngineInfo(model=target, draft_model=draft, method="draft_model", num_speculative_tokens=4))
         hub.set_tokenizer_status(TokenizerStatus(report.verdict, tuple(report.reasons)))
         self.say(f"1/4 tokenizer check: {report.verdict}; vLLM only compares vocabulary sizes and would run it")
 
-    def _engine(self, name: str, draft: str | None, baseline: StepProfile | None = None) -> Any:
+    def _engine(self, name: str, family: str, k: int | None, baseline: StepProfile | None = None) -> Any:
         import specscope
 
-        spec = {} if draft is None else {"speculative_config": {
-            "method": "draft_model", "model": str(self.models[draft]), "num_speculative_tokens": K}}
-        return specscope.LLM(str(self.models["target"]), specscope_hub=self.hubs[name],
+        spec = {} if k is None else {"speculative_config": {
+            "method": "draft_model", "model": str(self.models[f"{family}-draft"]), "num_speculative_tokens": k}}
+        return specscope.LLM(str(self.models[f"{family}-target"]), specscope_hub=self.hubs[name],
                              specscope_baseline=baseline, **spec, **ENGINE)
 
-    def _generate(self, llm: Any, batch: int, rounds: int, tokens: int = 96) -> None:
+    def _tok_s(self, llm: Any, batch: int) -> float:
         from vllm import SamplingParams
 
-        params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
-        for i in range(rounds):
-            start = (i * batch) % len(self.prompts)
-            llm.generate((self.prompts * 2)[start:start + batch], params, use_tqdm=False)
+        params = SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True)
+        t0 = time.perf_counter()
+        for prompts in self.work[batch]:
+            llm.generate(prompts, params, use_tqdm=False)
+        return sum(len(p) for p in self.work[batch]) * TOKENS / (time.perf_counter() - t0)
 
     @staticmethod
     def _close(llm: Any) -> None:
         llm.llm_engine.engine_core.shutdown()
 
-    def baseline(self) -> StepProfile:
+    def baseline(self) -> tuple[Any, StepProfile]:
         from specscope.wrapper import measure_step_times
 
-        name = "baseline (no speculation)"
+        name = SCENARIOS[1]
         self.show(name)
-        self.say("2/4 baseline: starting the target alone (about 25 s on a CPU)")
-        llm = self._engine(name, None)
-        self.say(f"2/4 baseline: timing decode steps at batch 1 and {BIG_BATCH}")
-        profile = measure_step_times(llm, (1, BIG_BATCH), tokens=48)
-        self._close(llm)
-        return profile
+        self.say("2/4 baseline: starting the 12-layer target alone (about 25 s on a CPU)")
+        llm = self._engine(name, "deep01", None)
+        self.say(f"2/4 baseline: timing decode steps at batch {' and '.join(map(str, BATCHES))}")
+        profile = measure_step_times(llm, BATCHES, tokens=TOKENS)
+        return llm, profile
 
-    def good_draft(self, baseline: StepProfile) -> None:
-        name = "good draft (copy)"
+    def good_draft(self, plain: Any, baseline: StepProfile) -> None:
+        from specscope.diagnostics import estimate, k_schedule, schedule_config
+
+        name = SCENARIOS[2]
         self.show(name)
-        self.say("3/4 good draft: starting target + copy draft")
-        llm = self._engine(name, "copy", baseline)
-        self.say("3/4 good draft at batch 1: acceptance near 100%, speculation pays")
-        self._generate(llm, 1, 6)
-        self.say(f"3/4 good draft at batch {BIG_BATCH}: the same draft, but now verifying costs more than it saves")
-        self._generate(llm, BIG_BATCH, 4)
+        self.say(f"3/4 good draft: starting the target with its own first layer as the draft, K={GOOD_K}")
+        llm = self._engine(name, "deep01", GOOD_K, baseline)
+        for batch in BATCHES:
+            self.say(f"3/4 good draft at batch {batch}: running it with and without speculation")
+            spec_rate = self._tok_s(llm, batch)
+            self.measured[batch] = spec_rate / self._tok_s(plain, batch)
+            est = estimate(llm.snapshot(), batch_size=batch)
+            predicted = "n/a" if est is None else f"{est.expected_speedup:.2f}x (best K={est.best_k})"
+            self.say(f"3/4 good draft at batch {batch}: measured {self.measured[batch]:.2f}x, "
+                     f"specscope predicted {predicted}")
+        config = schedule_config(k_schedule(llm.snapshot()))
+        self.say("3/4 good draft: specscope's K schedule: "
+                 + ("turn speculation off" if config is None else
+                    json.dumps(config["num_speculative_tokens_per_batch_size"])))
         self._close(llm)
 
     def weak_draft(self, baseline: StepProfile) -> None:
-        name = "weak draft (noise 10%)"
+        name = SCENARIOS[3]
         self.show(name)
-        self.say("4/4 weak draft: starting target + a draft with 10% noise")
-        llm = self._engine(name, "noise10", baseline)
-        self.say("4/4 weak draft: acceptance under 30%; the weak-draft alert fires")
-        self._generate(llm, 4, 10)
+        self.say("4/4 weak draft: starting a target whose first layer predicts it badly, as the draft")
+        llm = self._engine(name, "deep10", WEAK_K, baseline)
+        self.say("4/4 weak draft: acceptance under 30%; the weak-draft and not-paying alerts fire; best K is 0")
+        for _ in range(3):
+            self._tok_s(llm, 1)
+            self._tok_s(llm, 16)
         self._close(llm)
 
 
@@ -230,7 +252,7 @@ def _cache() -> Path:
 
 
 def _headless(record: str | None) -> int:
-    from specscope.report import summary
+    from specscope.summary import summary
     from specscope.tui.record import Recorder
 
     fired: dict[str, set[str]] = {}
@@ -270,6 +292,8 @@ def _headless(record: str | None) -> int:
         if snap is not None:
             print(summary(snap))
         print("alerts fired: " + (", ".join(sorted(fired.get(name, ()))) or "none"))
+    for batch, ratio in demo.measured.items():
+        print(f"measured speedup of the good draft at batch {batch}: {ratio:.2f}x")
     print(f"\ndemo finished in {time.monotonic() - t0:.0f} s")
     return 0
 

@@ -1,8 +1,8 @@
-"""Plain-text rendering of a snapshot: the engine summary and the per-request acceptance table."""
+"""Plain-text rendering of a snapshot: the engine summary, the per-request acceptance table and the K table."""
 
 from __future__ import annotations
 
-from specscope.diagnostics import by_batch_line, by_batch_size, estimate
+from specscope.diagnostics import by_batch_line, by_batch_size, estimate, schedule_text
 from specscope.model import RequestRecord, Snapshot, Totals
 
 
@@ -37,6 +37,9 @@ def summary(snap: Snapshot) -> str:
         per_batch = by_batch_line(by_batch_size(snap))
         if per_batch:
             lines.append(f"         {per_batch}")
+        lines += [f"         {line}" for line in schedule_text(snap)]
+    if snap.baseline_problem:
+        lines.append(f"baseline refused: {snap.baseline_problem}")
     if snap.tokenizer is not None:
         lines.append(f"tokenizer {snap.tokenizer.verdict}" + "".join(f"; {r}" for r in snap.tokenizer.reasons))
     kv = snap.kv

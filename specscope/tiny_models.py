@@ -1,10 +1,17 @@
 """Tiny Llama target and draft models, built deterministically and offline.
 
-No weights can be downloaded on the machines specscope is tested on, so tests, benchmarks and the demo use a
-family of tiny models built here with fixed seeds: a byte-level BPE tokenizer trained on generated text, a
-4-layer Llama target, and drafts of known quality. Built once and cached on disk
-(``$SPECSCOPE_CACHE`` or ``~/.cache/specscope``). Needs torch, transformers and tokenizers (the ``cpu`` or
-``vllm`` extra).
+No weights can be downloaded on the machines specscope is tested on, so tests, benchmarks and the demo use
+models built here with fixed seeds and a byte-level BPE tokenizer trained on generated text:
+
+- the **tiny family**: a 4-layer target and drafts of known quality (a copy, noisy copies, an independent model,
+  a same-size draft with another tokenizer, a draft with another vocabulary);
+- the **deep family**, where speculation really pays on a CPU: 12-layer targets (40.6M parameters) whose layers
+  after the first write into the residual stream scaled by a factor f, each with a 1-layer draft that is exactly
+  its layer 0 with the same embeddings, final norm and LM head (5.3M parameters). The smaller f, the closer the
+  draft's predictions to the target's: f = 0.01 accepts ~75% of draft tokens, 0.03 ~45%, 0.1 ~8%.
+
+Built once and cached on disk (``$SPECSCOPE_CACHE`` or ``~/.cache/specscope``). Needs torch, transformers and
+tokenizers (the ``cpu`` or ``vllm`` extra).
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 #: Bump when anything below changes what gets built, so stale caches are not reused.
-VERSION = "2"
+VERSION = "3"
 
 VOCAB_SIZE = 2000
 SMALL_VOCAB_SIZE = 1000
@@ -33,6 +40,16 @@ DRAFTS: dict[str, str] = {
     "independent": "independent random 1-layer model, same tokenizer (useless draft)",
     "other-tokenizer": "target's weights re-indexed for a different tokenizer of the same vocabulary size",
     "other-vocab": "independent model with a 1000-token vocabulary",
+}
+#: Deep family: name -> the factor f on every later layer's output projections.
+DEEP: dict[str, float] = {"deep01": 0.01, "deep03": 0.03, "deep10": 0.1}
+#: Every model ``build`` returns, with what it is.
+MODELS: dict[str, str] = {
+    "target": "4-layer target of the tiny family",
+    **DRAFTS,
+    **{m: d for name, f in DEEP.items() for m, d in (
+        (f"{name}-target", f"12-layer target, later layers scaled by {f}"),
+        (f"{name}-draft", f"exactly {name}-target's layer 0, with its embeddings and LM head"))},
 }
 
 _WORD_TEXT = (
@@ -100,17 +117,18 @@ def _train_tokenizer(corpus: list[str], vocab_size: int) -> Any:
     return fast
 
 
-def _config(vocab_size: int, layers: int) -> Any:
+def _config(vocab_size: int, layers: int, hidden: int = 128, intermediate: int = 344, heads: int = 4,
+            positions: int = 512) -> Any:
     from transformers import LlamaConfig
 
     return LlamaConfig(
         vocab_size=vocab_size,
-        hidden_size=128,
-        intermediate_size=344,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=512,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=positions,
         bos_token_id=1,
         eos_token_id=2,
         tie_word_embeddings=False,
@@ -166,16 +184,35 @@ def _reindexed_copy(target: Any, target_tok: Any, draft_tok: Any) -> Any:
     return model
 
 
+def _deep_pair(factor: float) -> tuple[Any, Any]:
+    """A 12-layer target whose layers after the first are scaled by ``factor``, and its layer 0 as a draft."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    deep = {"hidden": 512, "intermediate": 1408, "heads": 8, "positions": 1024}
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(_config(VOCAB_SIZE, 12, **deep)).eval()
+    with torch.no_grad():
+        target.lm_head.weight.mul_(8.0)
+        for layer in target.model.layers[1:]:
+            layer.self_attn.o_proj.weight.mul_(factor)
+            layer.mlp.down_proj.weight.mul_(factor)
+    draft = LlamaForCausalLM(_config(VOCAB_SIZE, 1, **deep)).eval()
+    keep = {k: v for k, v in target.state_dict().items()
+            if not k.startswith("model.layers.") or k.startswith("model.layers.0.")}
+    draft.load_state_dict(keep, strict=True)
+    return target, draft
+
+
 def _save(model: Any, tokenizer: Any, path: Path) -> None:
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
 
 
 def build(root: Path | None = None) -> dict[str, Path]:
-    """Build (or reuse) the tiny model family; return ``{"target": path, draft name: path, ...}``."""
+    """Build (or reuse) both families; return ``{name: path}`` for every name in :data:`MODELS`."""
     root = root or cache_root()
-    names = ["target", *DRAFTS]
-    paths = {name: root / name for name in names}
+    paths = {name: root / name for name in MODELS}
     if all((p / "config.json").is_file() for p in paths.values()):
         return paths
 
@@ -195,9 +232,13 @@ def build(root: Path | None = None) -> dict[str, Path]:
         _save(_random_model(VOCAB_SIZE, layers=1, seed=1234), tok, tmp / "independent")
         _save(_reindexed_copy(target, tok, other_tok), other_tok, tmp / "other-tokenizer")
         _save(_random_model(SMALL_VOCAB_SIZE, layers=1, seed=99), small_tok, tmp / "other-vocab")
+        for name, factor in DEEP.items():
+            deep_target, deep_draft = _deep_pair(factor)
+            _save(deep_target, tok, tmp / f"{name}-target")
+            _save(deep_draft, tok, tmp / f"{name}-draft")
         (tmp / "README.txt").write_text(
             "specscope tiny models (random weights, for tests only)\n"
-            + "".join(f"{k}: {v}\n" for k, v in DRAFTS.items())
+            + "".join(f"{k}: {v}\n" for k, v in MODELS.items())
         )
         if root.exists():
             shutil.rmtree(root)

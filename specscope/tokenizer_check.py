@@ -66,8 +66,8 @@ class Report:
 
 
 def load(path: str) -> Any:
-    """A tokenizer from a local directory or the local Hugging Face cache; never downloads."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    """A tokenizer from a local directory or the local Hugging Face cache; never downloads (local files only, with
+    no change to the process's environment)."""
     if (os.path.isabs(path) or path.startswith(".")) and not os.path.isdir(path):
         raise TokenizerCheckError(f"no such directory: {path}")
     try:

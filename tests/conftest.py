@@ -97,3 +97,22 @@ def vllm_counters(llm: Any) -> dict[str, Any]:
         elif hasattr(m, "value"):
             out[name] = out.get(name, 0) + m.value
     return out
+
+
+def hf_cache(home: Path, models: dict[str, Path]) -> dict[str, str]:
+    """A local Hugging Face cache under ``home`` holding ``{hub id: model directory}``, laid out as the hub client
+    writes it (``hub/models--ORG--NAME/snapshots/<revision>/`` and ``refs/main``), with files linked, not copied.
+    Returns the environment that makes vLLM and transformers load those ids offline."""
+    import hashlib
+
+    for hub_id, src in models.items():
+        repo = home / "hub" / f"models--{hub_id.replace('/', '--')}"
+        rev = hashlib.sha1(hub_id.encode()).hexdigest()
+        snap = repo / "snapshots" / rev
+        snap.mkdir(parents=True, exist_ok=True)
+        for f in src.iterdir():
+            if f.is_file() and not (snap / f.name).exists():
+                (snap / f.name).symlink_to(f.resolve())
+        (repo / "refs").mkdir(exist_ok=True)
+        (repo / "refs" / "main").write_text(rev)
+    return {"HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}

@@ -15,7 +15,7 @@ from typing import Any
 
 from specscope.catalogue import BY_NAME
 from specscope.model import Snapshot
-from specscope.report import percent
+from specscope.summary import percent
 
 #: The runbook, relative to specscope's repository (docs/runbook.md has a section per rule).
 RUNBOOK = "docs/runbook.md"

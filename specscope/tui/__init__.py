@@ -28,6 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window", type=float, default=60.0, help="window length in seconds (default 60)")
     p.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for a target (default 2)")
     p.add_argument("--thresholds", help="JSON or YAML file of alert threshold overrides")
+    p.add_argument("--baseline", metavar="FILE", help="the target's step times without speculation (specscope "
+                   "calibrate): measures c and the K table for engines started without one")
     p.add_argument("--once", action="store_true", help="print one snapshot as text and exit")
     p.add_argument("--json", action="store_true", help="with --once: print it as JSON")
 
@@ -51,11 +53,13 @@ def sources(args: argparse.Namespace) -> list[Source]:
 def main(args: argparse.Namespace) -> int:
     """Run ``specscope top``; returns the exit code."""
     from specscope.alerts.rules import RuleConfigError, load_thresholds
+    from specscope.diagnostics import load_profile
     from specscope.tui.record import Player, Recorder, ReplaySource
 
     try:
         srcs = sources(args)
         thresholds = load_thresholds(args.thresholds) if args.thresholds else Thresholds()
+        baseline = load_profile(args.baseline) if args.baseline else None
         player = None
         if args.replay:
             player = Player(args.replay)
@@ -63,7 +67,7 @@ def main(args: argparse.Namespace) -> int:
     except (UsageError, RuleConfigError, ValueError) as exc:
         print(f"specscope: error: {exc}", file=sys.stderr)
         return 2
-    targets = [Target(s, thresholds) for s in srcs]
+    targets = [Target(s, thresholds, baseline=baseline) for s in srcs]
     if args.once:
         return _once(targets, args, player)
     try:
@@ -84,7 +88,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _once(targets: list[Target], args: argparse.Namespace, player: object | None) -> int:
-    from specscope.report import request_table, summary
+    from specscope.summary import request_table, summary
     from specscope.tui.record import Player
 
     if isinstance(player, Player):
@@ -99,6 +103,12 @@ def _once(targets: list[Target], args: argparse.Namespace, player: object | None
     for t in failed:
         print(f"specscope: {t.name}: {t.error or 'no snapshot'}", file=sys.stderr)
     good = [t for t in targets if t not in failed]
+    refused = [t for t in good if args.baseline and t.snapshot and t.snapshot.baseline_problem]
+    for t in refused:
+        print(f"specscope: error: {t.name}: baseline refused: {t.snapshot.baseline_problem}",  # type: ignore[union-attr]
+              file=sys.stderr)
+    if refused:
+        return 2
     if args.json:
         docs = {t.name: t.windowed(args.window).to_dict() for t in good}  # type: ignore[union-attr]
         print(json.dumps(next(iter(docs.values())) if len(targets) == 1 and docs else docs, indent=1))

@@ -7,12 +7,14 @@ screen reads the same under ``NO_COLOR`` and on a light terminal.
 
 from __future__ import annotations
 
+import json
+
 from rich.text import Text
 
 from specscope.alerts.evaluate import Alert
-from specscope.diagnostics import by_batch_line, by_batch_size, estimate
+from specscope.diagnostics import by_batch_line, by_batch_size, estimate, k_schedule, schedule_config
 from specscope.model import RequestRecord, Snapshot
-from specscope.report import percent
+from specscope.summary import percent
 from specscope.tui.state import Target
 
 BAR = 20
@@ -129,13 +131,21 @@ def spec_panel(snap: Snapshot | None, threshold: float, history: list[float] | N
         t.append(f"speedup n/a ({why})\n")
     else:
         t.append(f"speedup {est.expected_speedup:.2f}x", style="bold" if est.pays else "bold red")
-        t.append(f" at K={est.k}" + (f" batch {est.batch_size}" if est.batch_size else "")
-                 + f"; best K={est.best_k} ({est.best_speedup:.2f}x)\n")
+        t.append(f" at K={est.k}" + (f" batch {est.batch_size}" if est.batch_size else ""))
+        t.append("; turn speculation OFF (best K=0)\n" if est.best_k == 0
+                 else f"; best K={est.best_k} ({est.best_speedup:.2f}x)\n")
         if not compact:
-            t.append(f"c {est.cost_ratio:.2f} {'measured' if est.batch_size else 'from parameter counts'}\n")
+            tokens = "observed" if est.tokens_observed else "modelled"
+            t.append(f"c {est.cost_ratio:.2f} {est.cost_basis}  {est.tokens_per_step:.2f} tok/step {tokens}  "
+                     f"prefill {percent(est.prefill_share)}\n")
+            if snap.baseline_problem:
+                t.append(f"baseline refused: {snap.baseline_problem}\n")
         line = None if compact else by_batch_line(by_batch_size(snap))
         if line:
             t.append(line + "\n")
+            config = schedule_config(k_schedule(snap))
+            t.append("K schedule: " + ("speculation off at every batch size" if config is None else
+                                       json.dumps(config["num_speculative_tokens_per_batch_size"])) + "\n")
     return t
 
 

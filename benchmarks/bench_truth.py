@@ -1,0 +1,300 @@
+"""Is the verdict true? specscope's predicted speedup against the measured one, for every K and batch size.
+
+For each target/draft pair, for K in {1, 2, 3, 4, 6} and batch sizes {1, 4, 16}:
+
+- **measured**: output tokens/s with speculation / without over the same workload, greedy, 96 tokens each, the
+  plain and the speculative engine alive together and run alternately, the median of the per-round ratios;
+- **predicted**: ``diagnostics.estimate(snapshot, batch_size=b)`` from prediction runs kept apart from the
+  measured ones: in each round, after the measured runs, the plain target is calibrated (``measure_step_times``,
+  what ``specscope calibrate`` writes) and the speculative engine runs the workload once more into a hub of its
+  own; the median over rounds. This machine's speed drifts by ±10-25% over minutes and has slow spells of
+  10-15% lasting seconds (plain vLLM alone included), so predictions and measurements are interleaved and both
+  are medians; the prediction from the first round alone (one short run) is reported beside it.
+
+The workload is a fixed set of prompts per batch size, the same in the prediction run and in the measured rounds:
+the comparison then tests specscope's measurements and model, not how well a handful of prompts stands for
+another handful (with greedy decoding, acceptance differs by ±10% between small prompt sets).
+
+Also: the prediction for every K made from the K=4 engine's short run alone (what ``specscope top`` shows an
+operator running K=4), and whether the K it recommends at each batch size measures within 5% of the best K
+measured (K = 0, speculation off, included). Pairs: the deep family (f = 0.01 and 0.03; speculation pays on a
+CPU) and the tiny family's copy and 10%-noise drafts (same-size drafts: c ≈ 1).
+
+Run: python benchmarks/bench_truth.py [--pairs deep01,deep03,copy,noise10] [--rounds 3]
+Results: benchmarks/results/truth.json (and truth.md, the table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+from benchmarks._common import RESULTS, write
+from specscope.wrapper import measure_step_times
+
+PAIRS = {"deep01": ("deep01-target", "deep01-draft"), "deep03": ("deep03-target", "deep03-draft"),
+         "copy": ("target", "copy"), "noise10": ("target", "noise10")}
+KS = (1, 2, 3, 4, 6)
+BATCHES = (1, 4, 16)
+TOKENS = 96
+#: Prefix caching off: every round repeats the workload's prompts, which would otherwise turn prefill into cache
+#: hits from the second round on, and the prediction run into a different workload from the measured one.
+ENGINE: dict[str, Any] = {"enforce_eager": True, "dtype": "float32", "max_model_len": 1024, "seed": 0,
+                          "enable_prefix_caching": False}
+
+
+#: Generates per batch size in one run of the workload (4 requests at batch 1, 8 at 4, 16 at 16).
+GENERATES = {1: 4, 4: 2, 16: 1}
+
+
+def workload() -> dict[int, list[list[str]]]:
+    """The prompts of each generate, by batch size: the same in the prediction run and in every measured round."""
+    from specscope import tiny_models
+
+    prompts = tiny_models.prompts(64, seed=31)
+    return {b: [prompts[(i * b) % 48:][:b] for i in range(GENERATES[b])] for b in BATCHES}
+
+
+def tok_s(llm: Any, batches: list[list[str]]) -> float:
+    """Output tokens per second over one batch size's generates."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True)
+    t0 = time.perf_counter()
+    for prompts in batches:
+        llm.generate(prompts, params, use_tqdm=False)
+    return sum(len(p) for p in batches) * TOKENS / (time.perf_counter() - t0)
+
+
+def shutdown(llm: Any) -> None:
+    llm.llm_engine.engine_core.shutdown()
+    gc.collect()
+
+
+def measured_round(plain: Any, spec: Any, work: dict[int, list[list[str]]], r: int) -> dict[int, float]:
+    """Speculative tok/s / plain tok/s at each batch size, the two run one after the other (order alternating)."""
+    out = {}
+    for b in BATCHES:
+        if r % 2:
+            s, p = tok_s(spec, work[b]), tok_s(plain, work[b])
+        else:
+            p, s = tok_s(plain, work[b]), tok_s(spec, work[b])
+        out[b] = s / p
+    return out
+
+
+def run_k(plain: Any, spec: Any, work: dict[int, list[list[str]]], rounds: int) -> tuple[
+        dict[int, float], dict[int, list[Any]], dict[str, Any]]:
+    """Measured speedups and predictions, the predictions from runs separate from the measured ones.
+
+    Each round runs the workload measured (plain and speculative, alternating), then a prediction run: the plain
+    target calibrated (``measure_step_times``, as ``specscope calibrate`` does) and the workload once more on the
+    speculative engine into a hub of its own, whose estimate is that round's prediction. Both sides are medians
+    over rounds: this machine has slow spells of 10-15% lasting seconds, and drifts over minutes. Returns the
+    measured speedups (medians), each round's estimates by batch size, and the raw inputs of both sides (step
+    times, tokens per step, prefill) for the record.
+    """
+    import specscope
+    from specscope.diagnostics import estimate
+
+    measuring, plain_measuring = specscope.Hub(), specscope.Hub()
+    plain_hub = plain.specscope
+    ratios: dict[int, list[float]] = {b: [] for b in BATCHES}
+    estimates: dict[int, list[Any]] = {b: [] for b in BATCHES}
+    calibrations: dict[int, list[float]] = {b: [] for b in BATCHES}
+    for r in range(rounds):
+        specscope.instrument(spec, measuring)
+        specscope.instrument(plain, plain_measuring)
+        for b, ratio in measured_round(plain, spec, work, r).items():
+            ratios[b].append(ratio)
+        specscope.instrument(plain, plain_hub)
+        baseline = measure_step_times(plain, BATCHES, tokens=TOKENS, rounds=1)
+        for t in baseline.times:
+            calibrations[t.batch_size].append(1e3 * t.mean_s)
+        predicting = specscope.Hub()
+        predicting.set_baseline(baseline)
+        specscope.instrument(spec, predicting)
+        for b in BATCHES:
+            tok_s(spec, work[b])
+        for b in BATCHES:
+            estimates[b].append(estimate(predicting.snapshot(), batch_size=b))
+
+    def inputs(hub: Any) -> dict[str, Any]:
+        life = hub.snapshot().lifetime
+        return {"step_ms": {t.batch_size: round(1e3 * t.mean_s, 2) for t in life.step_times.times if t.steps >= 20},
+                "tokens_per_step": {t.batch_size: round(t.tokens_per_request_step or 0, 3)
+                                    for t in life.step_times.times if t.steps >= 20},
+                "prefill_ms_per_request": round(1e3 * (life.prefill_s_per_request or 0), 2)}
+
+    raw = {"plain_calibration_step_ms": {b: [round(x, 2) for x in v] for b, v in calibrations.items()},
+           "plain_measured": inputs(plain_measuring), "spec_measured": inputs(measuring),
+           "measured_ratios": {b: [round(x, 3) for x in v] for b, v in ratios.items()},
+           "predicted_per_round": {b: [None if e is None else round(e.expected_speedup, 3) for e in v]
+                                   for b, v in estimates.items()}}
+    return {b: statistics.median(v) for b, v in ratios.items()}, estimates, raw
+
+
+def median_estimate(ests: list[Any]) -> tuple[float | None, tuple[float, ...]]:
+    """The median over rounds of the speedup at the running K, and of the speedup at each K."""
+    ests = [e for e in ests if e is not None]
+    if not ests:
+        return None, ()
+    by_k = tuple(statistics.median(e.by_k[j] for e in ests) for j in range(len(ests[0].by_k)))
+    return statistics.median(e.expected_speedup for e in ests), by_k
+
+
+def run_pair(name: str, models: dict[str, Path], rounds: int, measured_ks: tuple[int, ...]) -> dict[str, Any]:
+    from vllm import SamplingParams
+
+    import specscope
+
+    target, draft = (str(models[m]) for m in PAIRS[name])
+    work = workload()
+    plain = specscope.LLM(target, specscope_hub=specscope.Hub(), **ENGINE)
+    cells: dict[int, dict[int, dict[str, Any]]] = {}
+    from_k4: dict[int, tuple[float, ...]] = {}
+    inputs: dict[int, dict[str, Any]] = {}
+    recommended: dict[int, int] = {}
+    ks = list(measured_ks)
+    i = 0
+    while i < len(ks):
+        k = ks[i]
+        i += 1
+        spec_llm = specscope.LLM(target, specscope_hub=specscope.Hub(),
+                                 speculative_config={"method": "draft_model", "model": draft,
+                                                     "num_speculative_tokens": k}, **ENGINE)
+        for llm in (plain, spec_llm):  # warm-up
+            for b in BATCHES:
+                llm.generate(work[b][0], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+        measured, estimates, raw = run_k(plain, spec_llm, work, rounds)
+        snap = spec_llm.snapshot()
+        cells[k] = {}
+        for b in BATCHES:
+            predicted, by_k = median_estimate(estimates[b])
+            first = estimates[b][0]
+            cells[k][b] = {"measured": round(measured[b], 3),
+                           "predicted": None if predicted is None else round(predicted, 3),
+                           "predicted_first_run": None if first is None else round(first.expected_speedup, 3),
+                           "c_basis": None if first is None else first.cost_basis,
+                           "tokens_per_step": None if first is None else round(first.tokens_per_step, 3),
+                           "prefill_share": None if first is None else round(first.prefill_share, 3)}
+            if k == 4:
+                from_k4[b] = by_k
+                recommended[b] = max(range(len(by_k)), key=lambda j: (by_k[j], -j)) if by_k else 4
+        inputs[k] = raw
+        print(f"{name} K={k} inputs: {raw}", flush=True)
+        spec = snap.lifetime.spec
+        print(f"{name} K={k}: acceptance {spec.acceptance_rate:.3f} alpha {spec.alpha:.3f} "
+              + "  ".join(f"b{b} measured {cells[k][b]['measured']} predicted {cells[k][b]['predicted']}"
+                          for b in BATCHES), flush=True)
+        if k == 4:
+            ks += sorted({r for r in recommended.values() if r and r not in ks})  # measure a recommendation too
+        shutdown(spec_llm)
+    shutdown(plain)
+    return {"target": PAIRS[name][0], "draft": PAIRS[name][1], "cells": cells, "from_k4": from_k4,
+            "recommended": recommended, "inputs": inputs}
+
+
+def summarize(pairs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Errors per cell, verdicts, and the recommended K against the best measured K."""
+    errors, verdicts, recs = [], [], []
+    first_errors: list[float] = []
+    for name, p in pairs.items():
+        cells = p["cells"]
+        for k in KS:
+            for b in BATCHES:
+                c = cells.get(k, {}).get(b)
+                if c is None or c["predicted"] is None:
+                    continue
+                err = c["predicted"] / c["measured"] - 1
+                errors.append((name, k, b, err))
+                if c.get("predicted_first_run") is not None:
+                    first_errors.append(c["predicted_first_run"] / c["measured"] - 1)
+                if abs(c["measured"] - 1) > 0.05:
+                    verdicts.append((name, k, b, (c["predicted"] >= 1) == (c["measured"] >= 1)))
+        for b in BATCHES:
+            measured = {0: 1.0, **{k: cells[k][b]["measured"] for k in cells}}
+            best_k = max(measured, key=lambda k: measured[k])
+            rec = p["recommended"].get(b)
+            if rec is not None and rec in measured:
+                recs.append((name, b, rec, best_k, measured[rec] / measured[best_k]))
+    return {
+        "cells": len(errors),
+        "cells_within_10pct": sum(abs(e) <= 0.10 for *_, e in errors),
+        "max_abs_error": round(max(abs(e) for *_, e in errors), 3) if errors else None,
+        "misses": [{"pair": n, "k": k, "batch": b, "error": round(e, 3)} for n, k, b, e in errors if abs(e) > 0.10],
+        "first_run_cells_within_10pct": sum(abs(e) <= 0.10 for e in first_errors),
+        "first_run_max_abs_error": round(max(abs(e) for e in first_errors), 3) if first_errors else None,
+        "verdict_cells": len(verdicts),
+        "verdicts_right": sum(ok for *_, ok in verdicts),
+        "wrong_verdicts": [{"pair": n, "k": k, "batch": b} for n, k, b, ok in verdicts if not ok],
+        "recommended_k": [{"pair": n, "batch": b, "recommended": r, "best_measured": bk,
+                           "throughput_vs_best": round(ratio, 3)} for n, b, r, bk, ratio in recs],
+    }
+
+
+def table(pairs: dict[str, dict[str, Any]]) -> str:
+    """The results as a Markdown table: measured / predicted (error) per K and batch size."""
+    lines = ["| pair | K | " + " | ".join(f"batch {b}: measured / predicted" for b in BATCHES) + " |",
+             "|---|---|" + "---|" * len(BATCHES)]
+    for name, p in pairs.items():
+        for k in sorted(p["cells"]):
+            row = []
+            for b in BATCHES:
+                c = p["cells"][k][b]
+                pred = c["predicted"]
+                err = "" if pred is None else f" ({100 * (pred / c['measured'] - 1):+.0f}%)"
+                row.append(f"{c['measured']:.2f}x / {'n/a' if pred is None else f'{pred:.2f}x'}{err}")
+            lines.append(f"| {name} | {k} | " + " | ".join(row) + " |")
+    lines += ["", "| pair | batch | recommended K (from K=4's run) | best K measured | recommended / best |",
+              "|---|---|---|---|---|"]
+    for name, p in pairs.items():
+        for b in BATCHES:
+            measured = {0: 1.0, **{k: p["cells"][k][b]["measured"] for k in p["cells"]}}
+            best = max(measured, key=lambda k: measured[k])
+            rec = p["recommended"].get(b)
+            ratio = measured[rec] / measured[best] if rec in measured else None
+            lines.append(f"| {name} | {b} | {rec} | {best} | {'n/a' if ratio is None else f'{ratio:.3f}'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pairs", default=",".join(PAIRS))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--ks", default=",".join(map(str, KS)))
+    args = parser.parse_args()
+    from specscope import tiny_models
+
+    models = tiny_models.build()
+    t0 = time.monotonic()
+    pairs = {name: run_pair(name, models, args.rounds, tuple(int(k) for k in args.ks.split(",")))
+             for name in args.pairs.split(",")}
+    md = table(pairs)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "truth.md").write_text(md)
+    print(md)
+    write("truth", {
+        "workload": f"greedy, {TOKENS} output tokens, batch sizes {BATCHES} ({GENERATES} generates each), K {KS}, "
+                    f"prefix caching off; {args.rounds} rounds, each: the workload measured (plain and speculative "
+                    "alternating), then a prediction run (the plain target calibrated as specscope calibrate does, "
+                    "the workload once more on the speculative engine into a separate hub)",
+        "goal": "|predicted/measured - 1| <= 10% in every cell; verdict right where measured is outside 0.95-1.05; "
+                "recommended K within 5% of the best K measured",
+        "summary": summarize(pairs),
+        "pairs": pairs,
+        "minutes": round((time.monotonic() - t0) / 60, 1),
+    })
+
+
+if __name__ == "__main__":
+    main()
