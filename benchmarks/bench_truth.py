@@ -2,8 +2,11 @@
 
 For each target/draft pair, for K in {1, 2, 3, 4, 6} and batch sizes {1, 4, 16}:
 
-- **measured**: output tokens/s with speculation / without over the same workload, greedy, 96 tokens each, the
-  plain and the speculative engine alive together and run alternately, the median of the per-round ratios;
+- **measured**: output tokens/s with speculation / without, greedy, 96 tokens a request, with the batch held full
+  for a few seconds (each finished request replaced by the next prompt, as a serving engine with a queue does),
+  the plain and the speculative engine alive together and run alternately, the median of the per-round ratios;
+- **model on measured runs**: the same estimate on the measured runs' own data (their step times, tokens and
+  prefill, against the plain engine's steps in those runs): the model's error without the noise of separate runs;
 - **predicted**: ``diagnostics.estimate(snapshot, batch_size=b)`` from prediction runs kept apart from the
   measured ones: in each round, after the measured runs, the plain target is calibrated (``measure_step_times``,
   what ``specscope calibrate`` writes) and the speculative engine runs the workload once more into a hub of its
@@ -11,9 +14,10 @@ For each target/draft pair, for K in {1, 2, 3, 4, 6} and batch sizes {1, 4, 16}:
   10-15% lasting seconds (plain vLLM alone included), so predictions and measurements are interleaved and both
   are medians; the prediction from the first round alone (one short run) is reported beside it.
 
-The workload is a fixed set of prompts per batch size, the same in the prediction run and in the measured rounds:
-the comparison then tests specscope's measurements and model, not how well a handful of prompts stands for
-another handful (with greedy decoding, acceptance differs by ±10% between small prompt sets).
+Every run takes the same prompts in the same order, so the comparison tests specscope's measurements and model,
+not how well a handful of prompts stands for another handful (with greedy decoding, acceptance differs by ±10%
+between small prompt sets). Batches are held full because that is the speedup at a batch size: a fixed batch
+that drains would end on partial batches, and only under speculation (its requests finish at different steps).
 
 Also: the prediction for every K made from the K=4 engine's short run alone (what ``specscope top`` shows an
 operator running K=4), and whether the K it recommends at each batch size measures within 5% of the best K
@@ -39,40 +43,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from benchmarks._common import RESULTS, write
-from specscope.wrapper import measure_step_times
+from specscope import tiny_models
+from specscope.wrapper import measure_step_times, steady_throughput
 
 PAIRS = {"deep01": ("deep01-target", "deep01-draft"), "deep03": ("deep03-target", "deep03-draft"),
          "copy": ("target", "copy"), "noise10": ("target", "noise10")}
 KS = (1, 2, 3, 4, 6)
 BATCHES = (1, 4, 16)
 TOKENS = 96
+#: The workload's prompts, taken in order by every engine and run.
+PROMPTS = tiny_models.prompts(64, seed=31)
 #: Prefix caching off: every round repeats the workload's prompts, which would otherwise turn prefill into cache
 #: hits from the second round on, and the prediction run into a different workload from the measured one.
 ENGINE: dict[str, Any] = {"enforce_eager": True, "dtype": "float32", "max_model_len": 1024, "seed": 0,
                           "enable_prefix_caching": False}
 
 
-#: Generates per batch size in one run of the workload (4 requests at batch 1, 8 at 4, 16 at 16).
-GENERATES = {1: 4, 4: 2, 16: 1}
+#: Seconds each throughput measurement keeps its batch full.
+WINDOW_S = 5.0
 
 
-def workload() -> dict[int, list[list[str]]]:
-    """The prompts of each generate, by batch size: the same in the prediction run and in every measured round."""
-    from specscope import tiny_models
-
-    prompts = tiny_models.prompts(64, seed=31)
-    return {b: [prompts[(i * b) % 48:][:b] for i in range(GENERATES[b])] for b in BATCHES}
-
-
-def tok_s(llm: Any, batches: list[list[str]]) -> float:
-    """Output tokens per second over one batch size's generates."""
-    from vllm import SamplingParams
-
-    params = SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True)
-    t0 = time.perf_counter()
-    for prompts in batches:
-        llm.generate(prompts, params, use_tqdm=False)
-    return sum(len(p) for p in batches) * TOKENS / (time.perf_counter() - t0)
+def steady(llm: Any, batch: int) -> float:
+    """Output tokens/s with the batch held full for :data:`WINDOW_S` (``specscope.wrapper.steady_throughput``):
+    every engine, run and round takes the workload's prompts in the same order."""
+    return steady_throughput(llm, batch, WINDOW_S, PROMPTS, TOKENS)
 
 
 def shutdown(llm: Any) -> None:
@@ -80,19 +74,19 @@ def shutdown(llm: Any) -> None:
     gc.collect()
 
 
-def measured_round(plain: Any, spec: Any, work: dict[int, list[list[str]]], r: int) -> dict[int, float]:
+def measured_round(plain: Any, spec: Any, r: int) -> dict[int, float]:
     """Speculative tok/s / plain tok/s at each batch size, the two run one after the other (order alternating)."""
     out = {}
     for b in BATCHES:
         if r % 2:
-            s, p = tok_s(spec, work[b]), tok_s(plain, work[b])
+            s, p = steady(spec, b), steady(plain, b)
         else:
-            p, s = tok_s(plain, work[b]), tok_s(spec, work[b])
+            p, s = steady(plain, b), steady(spec, b)
         out[b] = s / p
     return out
 
 
-def run_k(plain: Any, spec: Any, work: dict[int, list[list[str]]], rounds: int) -> tuple[
+def run_k(plain: Any, spec: Any, rounds: int) -> tuple[
         dict[int, float], dict[int, list[Any]], dict[str, Any]]:
     """Measured speedups and predictions, the predictions from runs separate from the measured ones.
 
@@ -105,8 +99,10 @@ def run_k(plain: Any, spec: Any, work: dict[int, list[list[str]]], rounds: int) 
     """
     import specscope
     from specscope.diagnostics import estimate
+    from specscope.model import StepProfile
 
-    measuring, plain_measuring = specscope.Hub(), specscope.Hub()
+    # Windows as long as the whole measurement: the model-on-measured-runs check pools every round on both sides.
+    measuring, plain_measuring = specscope.Hub(window_s=3600), specscope.Hub(window_s=3600)
     plain_hub = plain.specscope
     ratios: dict[int, list[float]] = {b: [] for b in BATCHES}
     estimates: dict[int, list[Any]] = {b: [] for b in BATCHES}
@@ -114,7 +110,7 @@ def run_k(plain: Any, spec: Any, work: dict[int, list[list[str]]], rounds: int) 
     for r in range(rounds):
         specscope.instrument(spec, measuring)
         specscope.instrument(plain, plain_measuring)
-        for b, ratio in measured_round(plain, spec, work, r).items():
+        for b, ratio in measured_round(plain, spec, r).items():
             ratios[b].append(ratio)
         specscope.instrument(plain, plain_hub)
         baseline = measure_step_times(plain, BATCHES, tokens=TOKENS, rounds=1)
@@ -124,22 +120,29 @@ def run_k(plain: Any, spec: Any, work: dict[int, list[list[str]]], rounds: int) 
         predicting.set_baseline(baseline)
         specscope.instrument(spec, predicting)
         for b in BATCHES:
-            tok_s(spec, work[b])
+            steady(spec, b)
         for b in BATCHES:
             estimates[b].append(estimate(predicting.snapshot(), batch_size=b))
 
     def inputs(hub: Any) -> dict[str, Any]:
         life = hub.snapshot().lifetime
-        return {"step_ms": {t.batch_size: round(1e3 * t.mean_s, 2) for t in life.step_times.times if t.steps >= 20},
-                "tokens_per_step": {t.batch_size: round(t.tokens_per_request_step or 0, 3)
-                                    for t in life.step_times.times if t.steps >= 20},
-                "prefill_ms_per_request": round(1e3 * (life.prefill_s_per_request or 0), 2)}
+        rows = [t for t in life.step_times.times if t.steps >= 20]
+        return {"step_ms": {t.batch_size: round(1e3 * t.mean_s, 2) for t in rows},
+                "tokens_per_step": {t.batch_size: round(t.tokens_per_request_step or 0, 3) for t in rows},
+                "prefill_steps_s": {t.batch_size: [t.prefill_steps, round(t.prefill_s, 3)] for t in rows}}
 
     raw = {"plain_calibration_step_ms": {b: [round(x, 2) for x in v] for b, v in calibrations.items()},
            "plain_measured": inputs(plain_measuring), "spec_measured": inputs(measuring),
+           "spec_predicting_last_round": inputs(predicting),
            "measured_ratios": {b: [round(x, 3) for x in v] for b, v in ratios.items()},
            "predicted_per_round": {b: [None if e is None else round(e.expected_speedup, 3) for e in v]
                                    for b, v in estimates.items()}}
+    # The model alone: specscope's estimate on the measured runs' own data, against the plain engine's own steps
+    # there (the inputs of the measured speedup, without the noise of separate runs).
+    measuring.set_baseline(StepProfile(plain_measuring.snapshot().lifetime.step_times.times, "plain, measured runs"))
+    on_measured = measuring.snapshot()
+    raw["model_on_measured_runs"] = {b: None if (e := estimate(on_measured, batch_size=b)) is None
+                                     else round(e.expected_speedup, 3) for b in BATCHES}
     return {b: statistics.median(v) for b, v in ratios.items()}, estimates, raw
 
 
@@ -158,7 +161,6 @@ def run_pair(name: str, models: dict[str, Path], rounds: int, measured_ks: tuple
     import specscope
 
     target, draft = (str(models[m]) for m in PAIRS[name])
-    work = workload()
     plain = specscope.LLM(target, specscope_hub=specscope.Hub(), **ENGINE)
     cells: dict[int, dict[int, dict[str, Any]]] = {}
     from_k4: dict[int, tuple[float, ...]] = {}
@@ -174,8 +176,8 @@ def run_pair(name: str, models: dict[str, Path], rounds: int, measured_ks: tuple
                                                      "num_speculative_tokens": k}, **ENGINE)
         for llm in (plain, spec_llm):  # warm-up
             for b in BATCHES:
-                llm.generate(work[b][0], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
-        measured, estimates, raw = run_k(plain, spec_llm, work, rounds)
+                llm.generate(PROMPTS[:b], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+        measured, estimates, raw = run_k(plain, spec_llm, rounds)
         snap = spec_llm.snapshot()
         cells[k] = {}
         for b in BATCHES:
@@ -184,6 +186,7 @@ def run_pair(name: str, models: dict[str, Path], rounds: int, measured_ks: tuple
             cells[k][b] = {"measured": round(measured[b], 3),
                            "predicted": None if predicted is None else round(predicted, 3),
                            "predicted_first_run": None if first is None else round(first.expected_speedup, 3),
+                           "model_on_measured_runs": raw["model_on_measured_runs"][b],
                            "c_basis": None if first is None else first.cost_basis,
                            "tokens_per_step": None if first is None else round(first.tokens_per_step, 3),
                            "prefill_share": None if first is None else round(first.prefill_share, 3)}
@@ -208,6 +211,7 @@ def summarize(pairs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Errors per cell, verdicts, and the recommended K against the best measured K."""
     errors, verdicts, recs = [], [], []
     first_errors: list[float] = []
+    model_errors: list[float] = []
     for name, p in pairs.items():
         cells = p["cells"]
         for k in KS:
@@ -219,6 +223,8 @@ def summarize(pairs: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 errors.append((name, k, b, err))
                 if c.get("predicted_first_run") is not None:
                     first_errors.append(c["predicted_first_run"] / c["measured"] - 1)
+                if c.get("model_on_measured_runs") is not None:
+                    model_errors.append(c["model_on_measured_runs"] / c["measured"] - 1)
                 if abs(c["measured"] - 1) > 0.05:
                     verdicts.append((name, k, b, (c["predicted"] >= 1) == (c["measured"] >= 1)))
         for b in BATCHES:
@@ -232,6 +238,8 @@ def summarize(pairs: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "cells_within_10pct": sum(abs(e) <= 0.10 for *_, e in errors),
         "max_abs_error": round(max(abs(e) for *_, e in errors), 3) if errors else None,
         "misses": [{"pair": n, "k": k, "batch": b, "error": round(e, 3)} for n, k, b, e in errors if abs(e) > 0.10],
+        "model_on_measured_runs_within_10pct": sum(abs(e) <= 0.10 for e in model_errors),
+        "model_on_measured_runs_max_abs_error": round(max(abs(e) for e in model_errors), 3) if model_errors else None,
         "first_run_cells_within_10pct": sum(abs(e) <= 0.10 for e in first_errors),
         "first_run_max_abs_error": round(max(abs(e) for e in first_errors), 3) if first_errors else None,
         "verdict_cells": len(verdicts),
@@ -284,10 +292,11 @@ def main() -> None:
     (RESULTS / "truth.md").write_text(md)
     print(md)
     write("truth", {
-        "workload": f"greedy, {TOKENS} output tokens, batch sizes {BATCHES} ({GENERATES} generates each), K {KS}, "
-                    f"prefix caching off; {args.rounds} rounds, each: the workload measured (plain and speculative "
-                    "alternating), then a prediction run (the plain target calibrated as specscope calibrate does, "
-                    "the workload once more on the speculative engine into a separate hub)",
+        "workload": f"greedy, {TOKENS} output tokens a request, batch sizes {BATCHES} held full for {WINDOW_S:g} s "
+                    f"(each finished request replaced), K {KS}, prefix caching off; {args.rounds} rounds, each: "
+                    "throughput measured (plain and speculative alternating), then a prediction run (the plain "
+                    "target calibrated as specscope calibrate does, the speculative engine run again into a hub of "
+                    "its own)",
         "goal": "|predicted/measured - 1| <= 10% in every cell; verdict right where measured is outside 0.95-1.05; "
                 "recommended K within 5% of the best K measured",
         "summary": summarize(pairs),

@@ -36,7 +36,7 @@ def run(target: str, draft: str, prompts: list[str], k: int) -> None:
     print(request_table(snap.requests))
     # The alert rules, judged once on this run (no waiting period): what would page an operator?
     fired = Evaluator(llm.specscope, thresholds=Thresholds(weak_draft_for_s=0, fragmentation_for_s=0,
-                                                           kv_pressure_for_s=0, gpu_memory_for_s=0)).evaluate(snap)
+                                                           kv_pressure_for_s=0, collapse_for_s=0)).evaluate(snap)
     for alert in fired:
         print(f"ALERT {alert.rule} [{alert.severity}]: {alert.summary}\n      {alert.description}")
     if not fired:

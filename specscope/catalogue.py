@@ -4,8 +4,10 @@ Each :class:`Metric` has its OpenTelemetry name, instrument kind, unit (UCUM), d
 a reader that takes its values from a :class:`~specscope.model.Snapshot`. The OpenTelemetry instruments, the
 Prometheus collector, the alert rules and the dashboard labels are all generated from :data:`METRICS`; the
 Prometheus name is derived from the OpenTelemetry one by OpenTelemetry's own translation rules
-(:func:`prometheus_name`). Attributes are bounded: engine, model, draft, method, position, state — never a
-request id or any text.
+(:func:`prometheus_name`). Attributes are bounded: server, engine, model, draft, method, position, state — never
+a request id or any text. ``engine`` means what it means in vLLM's own metrics, the data-parallel engine index:
+metrics of an engine's steps (speculative counts, windowed rates, the verdict, KV cache, queue) have one series
+per engine; those of the server (the tokenizer check, per-request histograms, GPU, health) have none.
 """
 
 from __future__ import annotations
@@ -15,31 +17,50 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from specscope import model
-from specscope.model import EngineInfo, Histogram, RequestRecord, Snapshot
+from specscope.model import TOKENIZER_VERDICTS, EngineInfo, Histogram, RequestRecord, Snapshot
 
 Kind = Literal["counter", "gauge", "updowncounter", "histogram"]
 Attrs = dict[str, str]
 #: One value of a metric: its attributes and its number (or bucket counts, for a histogram).
 Sample = tuple[Attrs, float | Histogram]
 
-#: Attributes that identify where the numbers come from; on every specscope metric.
-ENGINE_ATTRS = ("engine", "model", "draft_model", "method")
+#: Attributes that identify where the numbers come from; on every specscope metric of the server.
+SERVER_ATTRS = ("server", "model", "draft_model", "method")
+#: ... and on every metric of one engine's steps: vLLM's data-parallel engine index too.
+ENGINE_ATTRS = (*SERVER_ATTRS, "engine")
 
+
+
+Reader = Callable[[Snapshot, Attrs], Iterator[Sample]]
 
 
 @dataclass(frozen=True)
 class Metric:
-    """One exported metric."""
+    """One exported metric; ``reader`` yields its samples from a snapshot (one engine's, for a per-engine one)."""
 
     name: str
     kind: Kind
     unit: str
     description: str
-    read: Callable[[Snapshot], Iterator[Sample]]
+    reader: Reader
     attributes: tuple[str, ...] = ENGINE_ATTRS
     #: Histograms only: bucket upper bounds, and the value one finished request contributes.
     buckets: tuple[float, ...] = ()
     per_request: Callable[[RequestRecord], float | None] | None = None
+
+    @property
+    def per_engine(self) -> bool:
+        """One series per data-parallel engine (the ``engine`` attribute)."""
+        return "engine" in self.attributes
+
+    def read(self, snap: Snapshot) -> Iterator[Sample]:
+        """The metric's samples: for each engine of ``snap``, or for the server."""
+        server = server_attrs(snap)
+        if not self.per_engine:
+            yield from self.reader(snap, server)
+            return
+        for index, view in engine_views(snap):
+            yield from self.reader(view, {**server, "engine": index})
 
     @property
     def prometheus_name(self) -> str:
@@ -66,14 +87,20 @@ def prometheus_name(name: str, unit: str, kind: Kind) -> str:
     return out
 
 
-def engine_attrs_of(e: EngineInfo) -> Attrs:
-    """The bounded attributes naming the engine and models (empty string where unknown)."""
-    return {"engine": e.engine, "model": e.model or "", "draft_model": e.draft_model or "", "method": e.method or ""}
+def server_attrs_of(e: EngineInfo) -> Attrs:
+    """The bounded attributes naming the server and models (empty string where unknown)."""
+    return {"server": e.server, "model": e.model or "", "draft_model": e.draft_model or "", "method": e.method or ""}
 
 
-def engine_attrs(snap: Snapshot) -> Attrs:
-    """:func:`engine_attrs_of` the snapshot's engine."""
-    return engine_attrs_of(snap.engine)
+def server_attrs(snap: Snapshot) -> Attrs:
+    """:func:`server_attrs_of` the snapshot's engine description."""
+    return server_attrs_of(snap.engine)
+
+
+def engine_views(snap: Snapshot) -> Iterator[tuple[str, Snapshot]]:
+    """``(engine index, the snapshot as that engine sees it)`` for each engine (none before its first step)."""
+    for view in snap.engines:
+        yield str(view.index), snap.for_engine(view.index, requests=False)
 
 
 # ----------------------------------------------------------------------------- readers
@@ -94,44 +121,49 @@ def _speedup(snap: Snapshot, field: str) -> float | None:
     return None if est is None else float(getattr(est, field))
 
 
-def _one(value: Callable[[Snapshot], float | int | None]) -> Callable[[Snapshot], Iterator[Sample]]:
-    def read(snap: Snapshot) -> Iterator[Sample]:
+def _draft_kv(snap: Snapshot) -> Any:
+    from specscope.diagnostics import draft_kv_cost
+
+    return draft_kv_cost(snap)
+
+
+def _one(value: Callable[[Snapshot], float | int | None]) -> Reader:
+    def read(snap: Snapshot, attrs: Attrs) -> Iterator[Sample]:
         v = value(snap)
         if v is not None:
-            yield engine_attrs(snap), float(v)
+            yield attrs, float(v)
 
     return read
 
 
-def _per_position(values: Callable[[Snapshot], tuple[float | int, ...] | None]) -> Callable[
-        [Snapshot], Iterator[Sample]]:
-    def read(snap: Snapshot) -> Iterator[Sample]:
+def _per_position(values: Callable[[Snapshot], tuple[float | int, ...] | None]) -> Reader:
+    def read(snap: Snapshot, attrs: Attrs) -> Iterator[Sample]:
         for i, v in enumerate(values(snap) or ()):
-            yield {**engine_attrs(snap), "position": str(i)}, float(v)
+            yield {**attrs, "position": str(i)}, float(v)
 
     return read
 
 
-def _states(values: Callable[[Snapshot], dict[str, float | int | None]]) -> Callable[[Snapshot], Iterator[Sample]]:
-    def read(snap: Snapshot) -> Iterator[Sample]:
+def _states(values: Callable[[Snapshot], dict[str, float | int | None]]) -> Reader:
+    def read(snap: Snapshot, attrs: Attrs) -> Iterator[Sample]:
         for state, v in values(snap).items():
             if v is not None:
-                yield {**engine_attrs(snap), "state": state}, float(v)
+                yield {**attrs, "state": state}, float(v)
 
     return read
 
 
-def _hist(value: Callable[[Snapshot], Histogram | None]) -> Callable[[Snapshot], Iterator[Sample]]:
-    def read(snap: Snapshot) -> Iterator[Sample]:
+def _hist(value: Callable[[Snapshot], Histogram | None]) -> Reader:
+    def read(snap: Snapshot, attrs: Attrs) -> Iterator[Sample]:
         h = value(snap)
         if h is not None:
-            yield engine_attrs(snap), h
+            yield attrs, h
 
     return read
 
 
-def _genai_hist(value: Callable[[Snapshot], Histogram | None]) -> Callable[[Snapshot], Iterator[Sample]]:
-    def read(snap: Snapshot) -> Iterator[Sample]:
+def _genai_hist(value: Callable[[Snapshot], Histogram | None]) -> Reader:
+    def read(snap: Snapshot, attrs: Attrs) -> Iterator[Sample]:
         h = value(snap)
         if h is not None:
             yield genai_attrs_of(snap.engine), h
@@ -143,7 +175,7 @@ def genai_attrs_of(e: EngineInfo) -> Attrs:
     """Required attributes of the GenAI server metrics (and of request spans)."""
     return {
         "gen_ai.operation.name": "text_completion",
-        "gen_ai.provider.name": e.engine,
+        "gen_ai.provider.name": e.server,
         "gen_ai.request.model": e.model or "",
     }
 
@@ -151,32 +183,32 @@ def genai_attrs_of(e: EngineInfo) -> Attrs:
 GENAI_ATTRS = ("gen_ai.operation.name", "gen_ai.provider.name", "gen_ai.request.model")
 
 
-def _gpu_devices(field: str) -> Callable[[Snapshot], Iterator[Sample]]:
-    def read(snap: Snapshot) -> Iterator[Sample]:
+def _gpu_devices(field: str) -> Reader:
+    def read(snap: Snapshot, attrs: Attrs) -> Iterator[Sample]:
         for d in snap.gpu.devices:
             yield {"hw.id": str(d.index), "hw.name": d.name, "hw.type": "gpu"}, float(getattr(d, field))
 
     return read
 
 
-def _gpu_processes(snap: Snapshot) -> Iterator[Sample]:
+def _gpu_processes(snap: Snapshot, attrs: Attrs) -> Iterator[Sample]:
     totals: dict[tuple[int, str], float] = {}
     for p in snap.gpu.processes:
         if p.used_bytes is not None:
             key = (p.device_index, p.role)
             totals[key] = totals.get(key, 0.0) + p.used_bytes
     for (device, role), used in sorted(totals.items()):
-        yield {**engine_attrs(snap), "hw.id": str(device), "process.role": role}, used
+        yield {**attrs, "hw.id": str(device), "process.role": role}, used
 
 
-def _allocator(snap: Snapshot) -> Iterator[Sample]:
+def _allocator(snap: Snapshot, attrs: Attrs) -> Iterator[Sample]:
     for a in snap.gpu.allocator:
         for state, v in (("allocated", a.allocated_bytes), ("reserved", a.reserved_bytes),
                          ("inactive_split", a.inactive_split_bytes)):
-            yield {**engine_attrs(snap), "hw.id": str(a.device_index), "state": state}, float(v)
+            yield {**attrs, "hw.id": str(a.device_index), "state": state}, float(v)
 
 
-def _errors(snap: Snapshot) -> Iterator[Sample]:
+def _errors(snap: Snapshot, attrs: Attrs) -> Iterator[Sample]:
     for where, n in snap.health.errors:
         # Listener names carry a qualified function name; the label keeps only the kind of source.
         yield {"source": "listener" if where.startswith("listener") else where}, float(n)
@@ -212,17 +244,22 @@ METRICS: tuple[Metric, ...] = (
            (*ENGINE_ATTRS, "position")),
     Metric("specscope.request.acceptance_rate", "histogram", "1",
            "Acceptance rate of each finished request.",
-           _hist(lambda s: s.request_acceptance_rate),
+           _hist(lambda s: s.request_acceptance_rate), SERVER_ATTRS,
            buckets=model.ACCEPTANCE_RATE_BOUNDS, per_request=lambda r: r.acceptance_rate),
     Metric("specscope.request.acceptance_length", "histogram", "{token}",
            "Mean acceptance length of each finished request.",
-           _hist(lambda s: s.request_acceptance_length),
+           _hist(lambda s: s.request_acceptance_length), SERVER_ATTRS,
            buckets=model.ACCEPTANCE_LENGTH_BOUNDS, per_request=lambda r: r.mean_acceptance_length),
-    Metric("specscope.tokenizer.mismatch", "gauge", "1",
-           "1 when the start-up check found the draft's tokenizer maps tokens to other ids than the target's.",
-           _states(lambda s: {s.tokenizer.verdict: 1.0 if s.tokenizer.verdict == "mismatch" else 0.0}
+    Metric("specscope.tokenizer.verdict", "gauge", "{state}",
+           "The start-up tokenizer check's verdict as a state set: 1 on the verdict (identical, compatible, "
+           "warning: tokens or special tokens only one side has; mismatch: shared tokens under other ids), 0 on "
+           "the others.",
+           _states(lambda s: {v: float(s.tokenizer.verdict == v) for v in TOKENIZER_VERDICTS}
                    if s.tokenizer else {}),
-           (*ENGINE_ATTRS, "state")),
+           (*SERVER_ATTRS, "state")),
+    Metric("specscope.tokenizer.overlap", "gauge", "1",
+           "Share of the target's vocabulary the draft holds under the same ids: a ceiling on acceptance.",
+           _one(lambda s: s.tokenizer.overlap if s.tokenizer else None), SERVER_ATTRS),
     Metric("specscope.spec_decode.expected_speedup", "gauge", "1",
            "Expected speedup over no speculation (Leviathan et al.) from the window's alpha, K and cost ratio c.",
            _one(lambda s: _speedup(s, "expected_speedup"))),
@@ -243,6 +280,12 @@ METRICS: tuple[Metric, ...] = (
            "KV-cache blocks, used and total.",
            _states(lambda s: {"used": s.kv.blocks_used, "total": s.kv.num_blocks}),
            (*ENGINE_ATTRS, "state")),
+    Metric("specscope.kv_cache.draft_blocks", "gauge", "{block}",
+           "KV-cache blocks the target would have without the draft: its weights and its own KV layers.",
+           _one(lambda s: cost.blocks if (cost := _draft_kv(s)) else None)),
+    Metric("specscope.kv_cache.draft_share", "gauge", "1",
+           "Share of the target's would-be KV capacity that the draft's weights and KV layers take.",
+           _one(lambda s: cost.share if (cost := _draft_kv(s)) else None)),
     Metric("specscope.engine.preemptions", "counter", "{preemption}",
            "Requests preempted (KV blocks taken back, to be recomputed).",
            _one(lambda s: s.lifetime.preemptions)),
@@ -260,13 +303,13 @@ METRICS: tuple[Metric, ...] = (
            _gpu_devices("total_bytes"), ("hw.id", "hw.name", "hw.type")),
     Metric("specscope.gpu.process.memory.usage", "updowncounter", "By",
            "GPU memory held by this process and the engine's worker processes.",
-           _gpu_processes, (*ENGINE_ATTRS, "hw.id", "process.role")),
+           _gpu_processes, (*SERVER_ATTRS, "hw.id", "process.role")),
     Metric("specscope.gpu.allocator.memory", "updowncounter", "By",
            "torch CUDA caching allocator in this process: allocated, reserved, inactive split.",
-           _allocator, (*ENGINE_ATTRS, "hw.id", "state")),
+           _allocator, (*SERVER_ATTRS, "hw.id", "state")),
     Metric("specscope.gpu.draft_weight_share", "gauge", "1",
            "The draft's share of the two models' weights (estimated from parameter counts).",
-           _one(lambda s: s.cost_ratio.draft_weight_share if s.cost_ratio else None)),
+           _one(lambda s: s.cost_ratio.draft_weight_share if s.cost_ratio else None), SERVER_ATTRS),
     # --- requests (OpenTelemetry GenAI semantic conventions)
     Metric("gen_ai.server.request.duration", "histogram", "s",
            "Generative AI server request duration such as time-to-last byte or last output token.",
@@ -290,7 +333,7 @@ METRICS: tuple[Metric, ...] = (
            _errors, ("source",)),
     Metric("specscope.dropped_records", "counter", "{record}",
            "Finished-request records dropped because consumers fell behind.",
-           lambda s: iter([({}, float(s.health.dropped_records))]), ()),
+           lambda s, attrs: iter([({}, float(s.health.dropped_records))]), ()),
 )
 
 BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}

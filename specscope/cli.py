@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -36,8 +37,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _check_export(args: argparse.Namespace) -> int:
-    import os
-
     from specscope import exports
     from specscope.endpoint import Endpoint, EndpointError
     from specscope.hub import Hub
@@ -180,8 +179,10 @@ def _report(args: argparse.Namespace) -> int:
         return 2
     try:
         baseline = load_profile(args.baseline) if args.baseline else None
+        from specscope.tui import auth_headers
+
         rep = load(args.source, window_s=args.window, duration_s=args.duration, interval_s=args.interval,
-                   baseline=baseline)
+                   baseline=baseline, headers=auth_headers(args.api_key))
     except SourceDown as exc:
         print(f"specscope: {args.source}: {exc}", file=sys.stderr)
         return 1
@@ -239,9 +240,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Compare the tokenizers of a target and a draft model: vocabulary, token ids, special and "
         "added tokens, normalizer/pre-tokenizer/decoder, and the ids of a probe corpus. Local directories or "
         "names already in the local Hugging Face cache; nothing is downloaded.",
-        epilog="exit status, as diff(1): 0 identical or compatible (same ids; differences, if any, are cosmetic), "
-        "1 mismatch (the draft would propose ids that mean other tokens), 2 trouble (a tokenizer could not be "
-        "loaded, bad arguments).",
+        epilog="exit status, as diff(1): 0 identical, compatible (same ids; differences, if any, are cosmetic) or "
+        "warning (every shared token keeps its id; added tokens, a padded vocabulary, special tokens or the chat "
+        "template differ), 1 mismatch (shared tokens under other ids, probe texts encoding differently, or "
+        "configured vocabulary sizes vLLM refuses), 2 trouble (a tokenizer could not be loaded, bad arguments).",
     )
     tok.add_argument("target", help="target model directory or cached model name")
     tok.add_argument("draft", help="draft model directory or cached model name")
@@ -283,6 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--window", type=float, default=30.0, help="window of the acceptance curve (default 30 s)")
     rep.add_argument("--baseline", metavar="FILE", help="step times without speculation (specscope calibrate)")
     rep.add_argument("--figures", metavar="DIR", help="also write each plot as a PNG into DIR")
+    rep.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"), metavar="KEY",
+                     help="the server's --api-key, for a server's /specscope (default: $VLLM_API_KEY)")
     rep.set_defaults(func=_report)
     demo = sub.add_parser("demo", help="run a real engine through good and weak drafts with the dashboard open")
     demo.add_argument("--headless", action="store_true", help="no screen: run the scenarios, print what fired")
@@ -297,8 +301,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except BrokenPipeError:  # the reader went away (`specscope top --once | head`): nothing left to say
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
 

@@ -120,7 +120,8 @@ class Counts:
         self.scalars = [0] * len(SCALARS)
         self.per_pos: list[int] = []
         self.dt_per_pos: list[int] = []
-        #: batch size -> [decode steps, decode seconds, decode tokens, prefill steps, prefill seconds]
+        #: batch size -> [decode steps, decode seconds, decode tokens, prefill steps, prefill seconds,
+        #: tokens generated in prefill steps, first tokens (requests whose prefill ended) in them]
         self.batches: dict[int, list[float]] = {}
 
     def clear(self) -> None:
@@ -142,7 +143,7 @@ class Counts:
         if row is None:
             if len(self.batches) >= MAX_BATCH_SIZES:
                 return
-            row = self.batches[timing.batch] = [0, 0.0, 0, 0, 0.0]
+            row = self.batches[timing.batch] = [0, 0.0, 0, 0, 0.0, 0, 0]
         if timing.decode_s is not None:
             row[0] += 1
             row[1] += timing.decode_s
@@ -150,6 +151,8 @@ class Counts:
         else:
             row[3] += 1
             row[4] += timing.prefill_s or 0.0
+            row[5] += s.generation_tokens
+            row[6] += s.first_tokens
 
     def add(self, other: Counts) -> None:
         """Add another interval's counts."""
@@ -177,8 +180,8 @@ class Counts:
                 draft_tokens_per_pos=_pad(self.dt_per_pos, k),
                 rejections=c["rejections"],
             )
-        times = tuple(StepTime(b, int(n), t / n if n else 0.0, int(tok), int(pn), ps)
-                      for b, (n, t, tok, pn, ps) in sorted(self.batches.items()))
+        times = tuple(StepTime(b, int(n), t / n if n else 0.0, int(tok), int(pn), ps, int(ptok), int(first))
+                      for b, (n, t, tok, pn, ps, ptok, first) in sorted(self.batches.items()))
         return Totals(
             seconds=seconds,
             steps=c["steps"],
@@ -225,3 +228,39 @@ class Ring:
     def clear(self) -> None:
         """Forget every bucket."""
         self.seconds = [-1] * self.size
+
+
+class EngineStream:
+    """Everything one engine's steps say: lifetime and per-second counts, step timing, the gauges it reported last,
+    and the KV token estimate (tokens held by its live requests). Kept per engine of a data-parallel server, so
+    that no engine's gauges overwrite another's and step timing never spans two engines' reports."""
+
+    __slots__ = ("decode_batch", "kv_usage", "life", "live_tokens", "ring", "running", "timer", "updated_at",
+                 "waiting")
+
+    def __init__(self, ring_size: int) -> None:
+        self.life = Counts()
+        self.ring = Ring(ring_size)
+        self.timer = StepTimer()
+        self.running: int | None = None
+        self.waiting: int | None = None
+        self.kv_usage: float | None = None
+        self.live_tokens = 0
+        self.decode_batch: int | None = None
+        self.updated_at: float | None = None
+
+    def add_step(self, now: float, s: StepStats) -> None:
+        """Add one step of this engine (the caller holds the hub's lock)."""
+        values = scalars(s)
+        timing = self.timer.time(now, s)
+        if timing is not None and timing.decode_s is not None:
+            self.decode_batch = timing.batch
+        self.life.add_step(values, s, timing)
+        self.ring.add_step(int(now), values, s, timing)
+        if s.running is not None:
+            self.running, self.waiting, self.updated_at = s.running, s.waiting, now
+        if s.kv_usage is not None:
+            self.kv_usage = s.kv_usage
+        self.live_tokens = max(0, self.live_tokens + s.prompt_tokens + s.generation_tokens - s.finished_tokens)
+        if s.running == 0 and not s.waiting:
+            self.live_tokens = 0  # this engine is idle: nothing can be held, whatever the estimate drifted to

@@ -14,7 +14,9 @@ from specscope.catalogue import BY_NAME
 
 #: Acceptance rate below which a draft is considered useless (the diagnostics' default).
 WEAK_DRAFT_THRESHOLD = 0.3
-_SEL = '{model=~"$model"}'
+_SEL = '{model=~"$model", engine=~"$engine"}'
+#: Legend of a per-engine series (vLLM's engine label: the data-parallel index).
+_E = "{{model}} engine {{engine}}"
 
 
 def _p(name: str) -> str:
@@ -48,29 +50,30 @@ def grafana_dashboard() -> dict[str, Any]:
                                        {"color": "green", "value": WEAK_DRAFT_THRESHOLD}]
     acceptance_buckets = _rate(_p("specscope.request.acceptance_rate") + "_bucket")
     panels = [
-        _panel(1, "Acceptance rate (window)", [(_p("specscope.spec_decode.acceptance_rate") + _SEL, "{{model}}")],
+        _panel(1, "Acceptance rate (window)", [(_p("specscope.spec_decode.acceptance_rate") + _SEL, _E)],
                "percentunit", 0, 0, thresholds=red_below),
-        _panel(2, "Per-token acceptance probability α", [(_p("specscope.spec_decode.alpha") + _SEL, "{{model}}")],
+        _panel(2, "Per-token acceptance probability α", [(_p("specscope.spec_decode.alpha") + _SEL, _E)],
                "percentunit", 8, 0),
         _panel(3, "Mean acceptance length (tokens / step)",
-               [(_p("specscope.spec_decode.mean_acceptance_length") + _SEL, "{{model}}")], "none", 16, 0),
+               [(_p("specscope.spec_decode.mean_acceptance_length") + _SEL, _E)], "none", 16, 0),
         _panel(4, "Per-position acceptance (window)",
-               [(_p("specscope.spec_decode.position_acceptance_rate") + _SEL, "position {{position}}")],
+               [(_p("specscope.spec_decode.position_acceptance_rate") + _SEL, _E + " position {{position}}")],
                "percentunit", 0, 8, kind="bargauge"),
         _panel(5, "Drafted vs accepted tokens / s",
-               [(_rate(_p("specscope.spec_decode.draft_tokens")), "drafted"),
-                (_rate(_p("specscope.spec_decode.accepted_tokens")), "accepted")], "short", 8, 8),
+               [(_rate(_p("specscope.spec_decode.draft_tokens")), "drafted, engine {{engine}}"),
+                (_rate(_p("specscope.spec_decode.accepted_tokens")), "accepted, engine {{engine}}")], "short", 8, 8),
         _panel(6, "Per-request acceptance rate (p10, p50)",
                [(f"histogram_quantile({q}, sum by (le) ({acceptance_buckets}))", f"p{int(q * 100)}")
                 for q in (0.1, 0.5)], "percentunit", 16, 8),
         _panel(7, "KV cache: block vs token usage",
-               [(_p("specscope.kv_cache.block_usage") + _SEL, "blocks"),
-                (_p("specscope.kv_cache.token_usage") + _SEL, "tokens (estimate)")], "percentunit", 0, 16),
-        _panel(8, "KV fragmentation", [(_p("specscope.kv_cache.fragmentation") + _SEL, "{{model}}")],
+               [(_p("specscope.kv_cache.block_usage") + _SEL, "blocks, engine {{engine}}"),
+                (_p("specscope.kv_cache.token_usage") + _SEL, "tokens (estimate), engine {{engine}}")],
+               "percentunit", 0, 16),
+        _panel(8, "KV fragmentation", [(_p("specscope.kv_cache.fragmentation") + _SEL, "engine {{engine}}")],
                "percentunit", 8, 16),
         _panel(9, "Preemptions / s and prefix-cache hit rate",
-               [(_rate(_p("specscope.engine.preemptions")), "preemptions/s"),
-                (_p("specscope.prefix_cache.hit_rate") + _SEL, "prefix hit rate")], "short", 16, 16),
+               [(_rate(_p("specscope.engine.preemptions")), "preemptions/s, engine {{engine}}"),
+                (_p("specscope.prefix_cache.hit_rate") + _SEL, "prefix hit rate, engine {{engine}}")], "short", 16, 16),
         _panel(10, "GPU memory used", [(_p("hw.gpu.memory.usage"), "gpu {{hw_id}}"),
                                        (_p("hw.gpu.memory.limit"), "gpu {{hw_id}} total")], "bytes", 0, 24),
         _panel(11, "GPU memory by process role",
@@ -80,13 +83,13 @@ def grafana_dashboard() -> dict[str, Any]:
                [(f"histogram_quantile(0.95, sum by (le) (rate({_p(n)}_bucket[$__rate_interval])))", label)
                 for n, label in (("gen_ai.server.request.duration", "e2e"),
                                  ("gen_ai.server.time_to_first_token", "ttft"))], "s", 16, 24),
-        _panel(13, "Requests running / waiting", [(_p("specscope.engine.requests") + _SEL, "{{state}}")], "short",
-               0, 32),
+        _panel(13, "Requests running / waiting", [(_p("specscope.engine.requests") + _SEL, _E + " {{state}}")],
+               "short", 0, 32),
         _panel(14, "specscope health: errors / s",
                [(f"rate({_p('specscope.errors')}[$__rate_interval])", "{{source}}")], "short", 8, 32),
         _panel(15, "Expected speedup and recommended K",
-               [(_p("specscope.spec_decode.expected_speedup") + _SEL, "expected speedup"),
-                (_p("specscope.spec_decode.recommended_k") + _SEL, "recommended K")], "none", 16, 32,
+               [(_p("specscope.spec_decode.expected_speedup") + _SEL, "expected speedup, engine {{engine}}"),
+                (_p("specscope.spec_decode.recommended_k") + _SEL, "recommended K, engine {{engine}}")], "none", 16, 32,
                thresholds=[{"color": "red", "value": None}, {"color": "green", "value": 1.0}]),
     ]
     return {
@@ -102,6 +105,9 @@ def grafana_dashboard() -> dict[str, Any]:
                 {"name": "model", "type": "query", "datasource": {"type": "prometheus", "uid": "${datasource}"},
                  "query": f"label_values({_p('specscope.spec_decode.draft_tokens')}, model)", "includeAll": True,
                  "allValue": ".*", "refresh": 2},
+                {"name": "engine", "type": "query", "datasource": {"type": "prometheus", "uid": "${datasource}"},
+                 "query": f"label_values({_p('specscope.spec_decode.draft_tokens')}, engine)", "includeAll": True,
+                 "allValue": ".*", "refresh": 2, "label": "engine (data-parallel index)"},
             ]
         },
         "panels": panels,

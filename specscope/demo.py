@@ -31,12 +31,13 @@ from typing import Any
 from specscope.alerts.rules import Thresholds
 from specscope.collectors.scrape import HubSource
 from specscope.hub import Hub
-from specscope.model import EngineInfo, StepProfile, TokenizerStatus
+from specscope.model import EngineInfo, StepProfile
 from specscope.tui.state import Target
 
 #: Short windows and waits so that every alert can come alive within the demo's few minutes.
 DEMO_THRESHOLDS = Thresholds(weak_draft_min_draft_tokens=100, weak_draft_for_s=3, keep_firing_for_s=600,
-                             fragmentation_for_s=5, kv_pressure_for_s=5, gpu_memory_for_s=5, window_s=30)
+                             fragmentation_for_s=5, kv_pressure_for_s=5, collapse_for_s=5, divergence_for_s=5,
+                             window_s=30)
 WINDOW_S = 30.0
 GOOD_K = 6
 WEAK_K = 4
@@ -56,8 +57,7 @@ class Demo:
 
         self.say, self.show = say, show
         self.models = tiny_models.build()
-        prompts = tiny_models.prompts(64, seed=5)
-        self.work = {1: [[p] for p in prompts[:4]], 16: [prompts[16:32]]}
+        self.prompts = tiny_models.prompts(64, seed=5)
         self.hubs = {name: Hub(window_s=WINDOW_S) for name in SCENARIOS}
         self.measured: dict[int, float] = {}
 
@@ -80,7 +80,7 @@ class Demo:
         report = compare(target, draft)
         hub = self.hubs[name]
         hub.set_engine(EngineInfo(model=target, draft_model=draft, method="draft_model", num_speculative_tokens=4))
-        hub.set_tokenizer_status(TokenizerStatus(report.verdict, tuple(report.reasons)))
+        hub.set_tokenizer_status(report.status())
         self.say(f"1/4 tokenizer check: {report.verdict}; vLLM only compares vocabulary sizes and would run it")
 
     def _engine(self, name: str, family: str, k: int | None, baseline: StepProfile | None = None) -> Any:
@@ -91,14 +91,11 @@ class Demo:
         return specscope.LLM(str(self.models[f"{family}-target"]), specscope_hub=self.hubs[name],
                              specscope_baseline=baseline, **spec, **ENGINE)
 
-    def _tok_s(self, llm: Any, batch: int) -> float:
-        from vllm import SamplingParams
+    def _tok_s(self, llm: Any, batch: int, seconds: float = 6.0) -> float:
+        """Throughput with ``batch`` requests held in flight (each finished one replaced), as a server runs."""
+        from specscope.wrapper import steady_throughput
 
-        params = SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True)
-        t0 = time.perf_counter()
-        for prompts in self.work[batch]:
-            llm.generate(prompts, params, use_tqdm=False)
-        return sum(len(p) for p in self.work[batch]) * TOKENS / (time.perf_counter() - t0)
+        return steady_throughput(llm, batch, seconds, self.prompts, TOKENS)
 
     @staticmethod
     def _close(llm: Any) -> None:
@@ -124,8 +121,9 @@ class Demo:
         llm = self._engine(name, "deep01", GOOD_K, baseline)
         for batch in BATCHES:
             self.say(f"3/4 good draft at batch {batch}: running it with and without speculation")
-            spec_rate = self._tok_s(llm, batch)
-            self.measured[batch] = spec_rate / self._tok_s(plain, batch)
+            first = self._tok_s(llm, batch) / self._tok_s(plain, batch)
+            plain_rate = self._tok_s(plain, batch)  # a second round the other way round: the machine drifts
+            self.measured[batch] = (first + self._tok_s(llm, batch) / plain_rate) / 2
             est = estimate(llm.snapshot(), batch_size=batch)
             predicted = "n/a" if est is None else f"{est.expected_speedup:.2f}x (best K={est.best_k})"
             self.say(f"3/4 good draft at batch {batch}: measured {self.measured[batch]:.2f}x, "

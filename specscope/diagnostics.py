@@ -8,8 +8,9 @@ everything a speculative step costs beyond a plain one (K draft passes, verifyin
 rejection sampling). For other K, tokens per step follow the observed per-position acceptance, extended with the
 maximum-likelihood α (Leviathan et al. 2023), and cost 1 + K·c(b).
 
-Prefill is not sped up: when the engine spends time in steps carrying prefill (ρ seconds per decode second), the
-end-to-end speedup of the workload is (ρ + s)/(ρ + s/s_K), where s is the decode speedup at the running K.
+Prefill is not sped up: when the engine spends time on prefill (ρ seconds per second of decode; the steps that
+carry prefill, less the decode work they also do), the end-to-end speedup of the workload is (ρ + s)/(ρ + s/s_K),
+where s is the decode speedup at the running K.
 
 Without a baseline c is estimated: from the two models' per-token parameters (decoding is memory-bound on GPUs),
 or, for n-gram and suffix lookup (no model), from a linear fit of the live step times over batch sizes (a
@@ -201,18 +202,20 @@ def _observed_tokens(snap: Snapshot, k: int) -> float | None:
 
 
 def _prefill_per_decode(snap: Snapshot, batch: int | None, tokens: float) -> float:
-    """ρ at ``batch``: a request's prefill seconds per second of its decode, 0 when unknown.
+    """ρ at ``batch``: engine time on prefill per second of decode, from every step the engine ran there.
 
-    Per request, prefill costs p̄ engine-seconds (time in steps carrying prefill / requests prefilled) and decode
-    (N̄ − 1)/E steps of T_spec(b), shared by the b requests of each step (N̄: output tokens per request; E:
-    tokens gained per step). Both are the workload's, from the window (else the lifetime).
+    Steps carrying prefill often decode other requests too (a new request joins a running batch), so their time is
+    not all prefill. Over the steps at ``batch`` (pure decode and carrying prefill), the tokens decoded cost
+    (generated − first tokens) / (batch × E) decode steps of T_spec(batch); what the steps took beyond that is
+    prefill, which speculation leaves as it is. 0 where the engine has not timed steps carrying prefill there.
     """
-    interval = snap.window if snap.window.prefills and snap.window.requests else snap.lifetime
-    per_request, outputs = interval.prefill_s_per_request, interval.mean_output_tokens
-    t_spec = _spec_step_time(snap, batch) if batch else None
-    if not per_request or not outputs or outputs <= 1 or not t_spec or not batch:
+    st = _step(snap, batch) if batch else None
+    if st is None or not st.prefill_steps or tokens <= 0:
         return 0.0
-    return per_request / ((outputs - 1) / tokens * t_spec / batch)
+    decoded = st.tokens + st.prefill_tokens - st.first_tokens
+    decode_s = decoded / (st.batch_size * tokens) * st.mean_s
+    prefill_s = st.steps * st.mean_s + st.prefill_s - decode_s
+    return max(0.0, prefill_s) / decode_s if decode_s > 0 else 0.0
 
 
 def _basis(cost: CostRatio, measured: bool) -> str:
@@ -400,3 +403,39 @@ def load_profile(path: str | Path) -> StepProfile:
         raise ValueError(f"{path} is not a usable baseline: it needs positive batch sizes, steps and times")
     name = setup.model if setup else doc.get("model")
     return StepProfile(times, f"baseline {Path(path).name}" + (f" of {name}" if name else ""), setup)
+
+
+@dataclass(frozen=True)
+class DraftKVCost:
+    """The draft's cost in KV capacity: blocks the target's KV cache would have without it, their share of that
+    capacity, and how many sequences of the observed mean length they would hold (None before any is seen)."""
+
+    blocks: float
+    share: float
+    mean_length: float | None
+    sequences: float | None
+
+    def explain(self) -> str:
+        """One line for people."""
+        seqs = (f" = {self.sequences:.1f} concurrent sequences of {self.mean_length:.0f} tokens"
+                if self.sequences is not None and self.mean_length else "")
+        return f"the draft takes {self.blocks:.0f} KV blocks ({self.share:.1%} of the capacity){seqs}"
+
+
+def draft_kv_cost(snap: Snapshot) -> DraftKVCost | None:
+    """What the draft costs this engine's KV cache (weights and its own KV layers); None without the inputs.
+
+    The mean sequence length is the live one (tokens held / running requests) where the KV estimate exists,
+    else that of the recent finished requests (prompt + output)."""
+    mem, kv = snap.engine.draft_memory, snap.kv
+    if mem is None or not kv.num_blocks or not kv.block_size:
+        return None
+    blocks = mem.blocks_lost(kv.num_blocks, kv.block_size)
+    mean: float | None = None
+    if kv.tokens_held and snap.running:
+        mean = kv.tokens_held / snap.running
+    else:
+        lengths = [(r.prompt_tokens or 0) + (r.generation_tokens or 0) for r in snap.requests if r.prompt_tokens]
+        mean = sum(lengths) / len(lengths) if lengths else None
+    return DraftKVCost(blocks=blocks, share=mem.capacity_share(kv.num_blocks, kv.block_size), mean_length=mean,
+                       sequences=blocks * kv.block_size / mean if mean else None)

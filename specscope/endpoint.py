@@ -1,20 +1,21 @@
 """specscope's HTTP endpoint: ``/metrics`` for Prometheus and ``/snapshot`` (JSON) for the dashboard.
 
 Binds 127.0.0.1 unless told otherwise. Serves from a daemon thread; every request reads one fresh snapshot.
+``/snapshot?since=N`` carries only the request records that became final after ``final_seq`` N.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from specscope.model import Snapshot
+from specscope.model import Snapshot, encode
 from specscope.prometheus_export import SnapshotCollector
 
 DEFAULT_HOST = "127.0.0.1"
@@ -64,12 +65,18 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(500, "text/plain; charset=utf-8", f"specscope: {type(exc).__name__}: {exc}\n".encode())
 
     def _get(self) -> None:
-        path = self.path.split("?", 1)[0]
+        path, _, query = self.path.partition("?")
         if path == "/metrics":
             encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
             self._send(200, content_type, encoder(self.registry))
         elif path == "/snapshot":
-            self._send(200, "application/json", json.dumps(self.source().to_dict()).encode())
+            since = parse_qs(query).get("since")
+            try:
+                cursor = int(since[0]) if since else None
+            except ValueError:
+                self._send(400, "application/json", b'{"error": "since takes a final_seq (an integer)"}')
+                return
+            self._send(200, "application/json", b"".join(encode(self.source(), cursor)))
         elif path == "/":
             self._send(200, "text/plain; charset=utf-8", b"specscope: /metrics (Prometheus), /snapshot (JSON)\n")
         else:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,12 +82,24 @@ def settings_from_env(env: dict[str, str] | None = None) -> tuple[int | None, st
     return port, host, otlp
 
 
-def from_env(hub: Hub, env: dict[str, str] | None = None) -> Exports:
-    """Start what the environment asks for; a bad setting is logged in one line and skipped, never raised."""
+def from_env(hub: Hub, env: dict[str, str] | None = None, lead: Callable[[str], bool] | None = None) -> Exports:
+    """Start what the environment asks for; a bad setting is logged in one line and skipped, never raised.
+
+    ``lead(role)``: whether this process is the one of its server to serve ``role`` ("prometheus", "otlp",
+    "alerts"), for a server with several API-server processes; the others leave the role to it.
+    """
     env = dict(os.environ) if env is None else env
     try:
         port, host, otlp = settings_from_env(env)
         want_alerts = env.get("SPECSCOPE_ALERTS", "").strip().lower() in ("1", "true", "yes", "on")
+        if lead is not None:
+            others = [role for role, wanted in (("prometheus", port is not None), ("otlp", otlp),
+                                                ("alerts", want_alerts)) if wanted and not lead(role)]
+            if others:
+                log.info("specscope: another API-server process of this server serves %s", ", ".join(others))
+            port = None if "prometheus" in others else port
+            otlp = otlp and "otlp" not in others
+            want_alerts = want_alerts and "alerts" not in others
         thresholds = None
         if want_alerts and env.get("SPECSCOPE_ALERT_THRESHOLDS"):
             from specscope.alerts.rules import RuleConfigError, load_thresholds

@@ -2,42 +2,38 @@
 
 Writers (the stat logger, the wrapper, the server middleware) call :meth:`Hub.record_step` and
 :meth:`Hub.record_request` from the engine's path: these only add numbers under a lock and never raise.
-Readers call :meth:`Hub.snapshot`. Memory is bounded: lifetime totals are counters, the sliding window is a
-ring of one-second buckets, and only the last ``max_requests`` request records are kept.
+Readers call :meth:`Hub.snapshot`. The work is shared out: one :class:`~specscope.counts.EngineStream` per engine
+of a data-parallel server (counts, window, step timing, gauges, KV estimate, kept apart), a
+:class:`~specscope.request_log.RequestLog` (request records), a GPU poller, and the listeners' dispatch thread.
+Memory is bounded: lifetime totals are counters, windows are rings of one-second buckets, and only the last
+``max_requests`` request records are kept.
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
 import queue
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from specscope.counts import Counts, Ring, StepStats, StepTimer, scalars
+from specscope.counts import Counts, EngineStream, Ring, StepStats
+from specscope.merge import combine_kv
 from specscope.model import (
-    ACCEPTANCE_LENGTH_BOUNDS,
-    ACCEPTANCE_RATE_BOUNDS,
-    OUTPUT_POSITION_BOUNDS,
-    REQUEST_DURATION_BOUNDS,
-    TPOT_BOUNDS,
-    TTFT_BOUNDS,
     CostRatio,
     EngineInfo,
+    EngineView,
     GpuMemory,
     Health,
-    Histogram,
     KVCache,
-    PositionAcceptance,
     RequestRecord,
     Snapshot,
     StepProfile,
     TokenizerStatus,
 )
+from specscope.request_log import PENDING_TIMEOUT_S, RequestLog
 
 __all__ = ["GpuSource", "Hub", "Listener", "StepStats", "default_hub"]
 
@@ -51,30 +47,47 @@ GpuSource = Callable[[], GpuMemory]
 _NO_GPU = GpuMemory(status="not collected")
 
 
-class _Hist:
-    __slots__ = ("bounds", "counts", "total")
+class _GpuPoller:
+    """GPU sources polled every ``interval`` seconds on a background thread (NVML takes milliseconds, which no
+    reader, least of all a server's event loop, should wait for); a snapshot takes the last reading."""
 
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.total = 0.0
+    def __init__(self, interval: float, count_error: Callable[[str, BaseException], None]) -> None:
+        self.interval = interval
+        self.sources: list[tuple[str, GpuSource]] = []
+        self.last: GpuMemory = _NO_GPU
+        self._count_error = count_error
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
 
-    def observe(self, v: float) -> None:
-        i = 0
-        while i < len(self.bounds) and v > self.bounds[i]:
-            i += 1
-        self.counts[i] += 1
-        self.total += v
+    def add(self, name: str, source: GpuSource) -> None:
+        self.sources = [(n, s) for n, s in self.sources if n != name] + [(name, source)]
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="specscope-gpu", daemon=True)
+            self._thread.start()
+        self._wake.set()
 
-    def freeze(self) -> Histogram:
-        return Histogram(self.bounds, tuple(self.counts), self.total)
+    def poll(self) -> GpuMemory:
+        """Ask every source once, the first that answers wins (what the thread does each interval)."""
+        for name, source in list(self.sources):
+            try:
+                self.last = source()
+                break
+            except Exception as exc:
+                self._count_error(f"gpu source {name}", exc)
+        return self.last
+
+    def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            self._wake.wait(max(self.interval, 0.01))
+            self.poll()
 
 
 class Hub:
     """Thread-safe telemetry store. See the module docstring."""
 
     #: Seconds a request record waits for its other part before listeners get it as it is.
-    PENDING_TIMEOUT_S = 2.0
+    PENDING_TIMEOUT_S = PENDING_TIMEOUT_S
 
     def __init__(
         self,
@@ -88,10 +101,9 @@ class Hub:
             raise ValueError("window_s, max_requests and history_s must be positive")
         self._clock = clock
         self._lock = threading.Lock()
-        self._ring = Ring(int(max(history_s, window_s)) + 1)
+        self._ring_size = int(max(history_s, window_s)) + 1
+        self._streams: dict[int, EngineStream] = {}
         self._window_s = window_s
-        self._max_requests = max_requests
-        self._gpu_poll_s = gpu_poll_s
         self._started = clock()
         self._window_start = self._started
         self._engine = EngineInfo()
@@ -99,35 +111,15 @@ class Hub:
         self._cost_ratio: CostRatio | None = None
         self._baseline: StepProfile | None = None
         self._baseline_problem: str | None = None
-        self._timer = StepTimer()
-        self._decode_batch: int | None = None
-        self._positions = [[0, 0] for _ in range(len(OUTPUT_POSITION_BOUNDS) + 1)]  # [drafted, accepted]
-        self._positions_seen = False
-        self._life = Counts()
-        self._running: int | None = None
-        self._waiting: int | None = None
-        self._kv_usage: float | None = None
-        self._live_tokens = 0
-        self._recent: OrderedDict[str, RequestRecord] = OrderedDict()
-        # Request records waiting for their second part, and since when.
-        self._pending: OrderedDict[str, float] = OrderedDict()
-        self._parts_expected = 1
-        self._parts: dict[str, int] = {}
-        self._seq = 0
-        self._rate_hist = _Hist(ACCEPTANCE_RATE_BOUNDS)
-        self._len_hist = _Hist(ACCEPTANCE_LENGTH_BOUNDS)
-        self._e2e_hist = _Hist(REQUEST_DURATION_BOUNDS)
-        self._ttft_hist = _Hist(TTFT_BOUNDS)
-        self._tpot_hist = _Hist(TPOT_BOUNDS)
+        self._requests = RequestLog(max_requests)
         self._errors: dict[str, int] = {}
         self._last_error: str | None = None
         self._dropped = 0
-        self._gpu_sources: list[tuple[str, GpuSource]] = []
-        self._gpu: GpuMemory = _NO_GPU
-        self._gpu_at = float("-inf")
+        self._gpu = _GpuPoller(gpu_poll_s, self.count_error)
         self._listeners: list[Listener] = []
         self._queue: queue.Queue[RequestRecord] = queue.Queue(maxsize=10_000)
         self._dispatcher: threading.Thread | None = None
+        self._share: Any = None
 
     # ----------------------------------------------------------------- configuration
     @property
@@ -141,13 +133,16 @@ class Hub:
             raise ValueError("window must be positive")
         with self._lock:
             self._window_s = seconds
-            if seconds >= self._ring.size:
-                self._ring = Ring(int(seconds) + 1)  # a longer window starts empty
+            if seconds >= self._ring_size:
+                self._ring_size = int(seconds) + 1
+                for stream in self._streams.values():  # a longer window starts empty
+                    stream.ring = Ring(self._ring_size)
 
     def reset_window(self) -> None:
         """Forget the window's contents; lifetime totals are kept."""
         with self._lock:
-            self._ring.clear()
+            for stream in self._streams.values():
+                stream.ring.clear()
             self._window_start = self._clock()
 
     def set_engine(self, info: EngineInfo) -> None:
@@ -189,6 +184,11 @@ class Hub:
         log.warning("specscope: baseline not used: %s; run `specscope calibrate` on this setup", self._baseline_problem)
 
     @property
+    def tokenizer_status(self) -> TokenizerStatus | None:
+        """The tokenizer verdict recorded so far, if any."""
+        return self._tokenizer
+
+    @property
     def engine(self) -> EngineInfo:
         """The engine description last set."""
         return self._engine
@@ -196,16 +196,16 @@ class Hub:
     def expect_request_parts(self, parts: int) -> None:
         """How many sources report each request (2 when timing and speculative numbers come separately)."""
         with self._lock:
-            self._parts_expected = max(1, parts)
+            self._requests.parts_expected = max(1, parts)
 
     def add_gpu_source(self, name: str, source: GpuSource) -> None:
-        """Poll ``source`` for GPU memory at most every ``gpu_poll_s`` seconds, when a snapshot is taken.
+        """Poll ``source`` for GPU memory every ``gpu_poll_s`` seconds, on a background thread.
 
         A source added under an existing name replaces it.
         """
         with self._lock:
-            self._gpu_sources = [(n, s) for n, s in self._gpu_sources if n != name] + [(name, source)]
-            self._gpu_at = float("-inf")
+            self._gpu.add(name, source)
+        self._gpu.poll()  # a first reading now; the thread keeps it fresh
 
     def add_listener(self, listener: Listener) -> None:
         """Call ``listener`` with every finished request, on a background thread."""
@@ -215,80 +215,50 @@ class Hub:
                 self._dispatcher = threading.Thread(target=self._dispatch, name="specscope-dispatch", daemon=True)
                 self._dispatcher.start()
 
+    def attach_share(self, share: Any) -> None:
+        """Merge the snapshots other API-server processes of this server publish (:mod:`specscope.share`)."""
+        self._share = share
+
+    @property
+    def share(self) -> Any:
+        """The attached :class:`~specscope.share.ProcessShare`, if any."""
+        return self._share
+
     def remove_listener(self, listener: Listener) -> None:
         """Stop calling ``listener``."""
         with self._lock:
             self._listeners = [x for x in self._listeners if x != listener]
 
     # ----------------------------------------------------------------- writers (engine path)
-    def record_step(self, s: StepStats) -> None:
-        """Add one engine step's numbers."""
+    def record_step(self, s: StepStats, engine: int = 0) -> None:
+        """Add one step of the data-parallel engine ``engine`` (vLLM's ``engine_idx``; 0 without DP)."""
         now = self._clock()
-        second = int(now)
-        values = scalars(s)
         with self._lock:
-            timing = self._timer.time(now, s)
-            if timing is not None and timing.decode_s is not None:
-                self._decode_batch = timing.batch
-            self._life.add_step(values, s, timing)
-            self._ring.add_step(second, values, s, timing)
-            if s.running is not None:
-                self._running, self._waiting = s.running, s.waiting
-            if s.kv_usage is not None:
-                self._kv_usage = s.kv_usage
-            self._live_tokens = max(0, self._live_tokens + s.prompt_tokens + s.generation_tokens - s.finished_tokens)
-            if s.running == 0 and not s.waiting:
-                self._live_tokens = 0
+            stream = self._streams.get(engine)
+            if stream is None:
+                stream = self._streams[engine] = EngineStream(self._ring_size)
+            stream.add_step(now, s)
             if s.num_spec_tokens is not None and self._engine.num_speculative_tokens is None:
                 self._engine = replace(self._engine, num_speculative_tokens=s.num_spec_tokens)
-            expired = self._release_expired(now)
+            expired = self._requests.release_expired(now)
         self._publish(expired)
 
     def record_request(self, request_id: str, **fields: Any) -> None:
         """Add one source's part of a finished request (see :class:`RequestRecord` for the fields)."""
         now = self._clock()
         with self._lock:
-            rec = self._recent.get(request_id)
-            if rec is None:
-                self._seq += 1
-                rec = RequestRecord(request_id=request_id, seq=self._seq, finished_at=now, **fields)
-                self._recent[request_id] = rec
-                while len(self._recent) > self._max_requests:
-                    old, _ = self._recent.popitem(last=False)
-                    self._parts.pop(old, None)
-                    self._pending.pop(old, None)
-            else:
-                rec = replace(rec, **fields)
-                self._recent[request_id] = rec
-            parts = self._parts.get(request_id, 0) + 1
-            done = []
-            if parts >= self._parts_expected:
-                self._parts.pop(request_id, None)
-                self._pending.pop(request_id, None)
-                self._observe(rec)
-                done.append(rec)
-            else:
-                self._parts[request_id] = parts
-                self._pending[request_id] = now
-            done += self._release_expired(now)
+            done = self._requests.add_part(request_id, now, fields)
         self._publish(done)
 
     def record_draft_positions(self, per_step_accepted: Sequence[int], per_step_drafted: Sequence[int]) -> None:
         """Add one finished request's per-step draft counts (vLLM's ``detailed`` metrics) by output position."""
-        bounds = OUTPUT_POSITION_BOUNDS
         with self._lock:
-            self._positions_seen = True
-            position = 1  # the first token comes from prefill
-            for accepted, drafted in zip(per_step_accepted, per_step_drafted, strict=False):
-                row = self._positions[bisect.bisect_right(bounds, position)]
-                row[0] += drafted
-                row[1] += accepted
-                position += accepted + 1
+            self._requests.add_positions(per_step_accepted, per_step_drafted)
 
     def has_request(self, request_id: str) -> bool:
         """Whether a record for ``request_id`` is held."""
         with self._lock:
-            return request_id in self._recent
+            return request_id in self._requests.recent
 
     def count_error(self, where: str, exc: BaseException) -> None:
         """Count a failure of specscope's own code; log it the first time it happens at ``where``."""
@@ -300,83 +270,87 @@ class Hub:
             log.warning("specscope: %s failed (%s: %s); counting further failures silently", where,
                         type(exc).__name__, exc)
 
+    def count_missing(self, fields: Sequence[str]) -> None:
+        """Count numbers vLLM's stats no longer carry (a renamed field); log each field the first time."""
+        first = []
+        with self._lock:
+            for name in fields:
+                key = f"vllm field {name}"
+                n = self._errors.get(key, 0) + 1
+                self._errors[key] = n
+                if n == 1:
+                    first.append(name)
+                    self._last_error = f"{key}: missing from this vLLM's stats"
+        for name in first:
+            log.warning("specscope: vLLM's stats have no %s; that number is unavailable, the rest is recorded "
+                        "(counting further misses silently)", name)
+
     # ----------------------------------------------------------------- readers
     def snapshot(self) -> Snapshot:
-        """An immutable view of everything recorded so far."""
+        """The server's snapshot: this process's, merged with its other API-server processes' where shared."""
+        own = self.local_snapshot()
+        others = self._share.others() if self._share is not None else []
+        if not others:
+            return own
+        from specscope.merge import merge
+
+        return replace(merge([own, *others], self._requests.max_requests), processes=1 + len(others))
+
+    def local_snapshot(self) -> Snapshot:
+        """An immutable view of everything this process recorded: the engines' sums, and each engine on its own."""
         gpu = self._poll_gpu()
         with self._lock:
             now = self._clock()
             k = self._engine.num_speculative_tokens
-            window = self._ring.sum(int(now), int(self._window_s))
             window_len = min(self._window_s, now - self._window_start)
+            info = self._engine
+            life, window = Counts(), Counts()
+            engines = []
+            for index, stream in sorted(self._streams.items()):
+                w = stream.ring.sum(int(now), int(self._window_s))
+                life.add(stream.life)
+                window.add(w)
+                window_totals = w.totals(window_len, k)
+                engines.append(EngineView(
+                    index=index, lifetime=stream.life.totals(now - self._started, k), window=window_totals,
+                    running=stream.running, waiting=stream.waiting,
+                    kv=_kv(info, stream.kv_usage, stream.live_tokens, window_totals.prefix_cache_hits > 0),
+                    decode_batch=stream.decode_batch, updated_at=stream.updated_at))
+            requests = self._requests
             spec_on = k is not None
             return Snapshot(
                 time=now,
                 started_at=self._started,
-                engine=self._engine,
-                lifetime=self._life.totals(now - self._started, k),
+                engine=info,
+                lifetime=life.totals(now - self._started, k),
                 window=window.totals(window_len, k),
                 window_seconds=self._window_s,
-                running=self._running,
-                waiting=self._waiting,
-                kv=KVCache(
-                    block_size=self._engine.block_size,
-                    num_blocks=self._engine.num_blocks,
-                    block_usage=self._kv_usage,
-                    tokens_held=self._live_tokens if self._kv_usage is not None else None,
-                ),
+                running=_sum(e.running for e in engines),
+                waiting=_sum(e.waiting for e in engines),
+                kv=combine_kv(info, engines) if engines else _kv(info, None, 0),
                 gpu=gpu,
-                requests=tuple(self._recent.values()),
-                request_acceptance_rate=self._rate_hist.freeze() if spec_on else None,
-                request_acceptance_length=self._len_hist.freeze() if spec_on else None,
-                request_duration=self._e2e_hist.freeze(),
-                time_to_first_token=self._ttft_hist.freeze(),
-                time_per_output_token=self._tpot_hist.freeze(),
+                requests=tuple(requests.recent.values()),
+                request_acceptance_rate=requests.rate.freeze() if spec_on else None,
+                request_acceptance_length=requests.length.freeze() if spec_on else None,
+                request_duration=requests.e2e.freeze(),
+                time_to_first_token=requests.ttft.freeze(),
+                time_per_output_token=requests.tpot.freeze(),
                 tokenizer=self._tokenizer,
                 cost_ratio=self._cost_ratio,
                 baseline=self._baseline,
                 baseline_problem=self._baseline_problem,
-                decode_batch=self._decode_batch,
-                acceptance_by_output_position=PositionAcceptance(
-                    OUTPUT_POSITION_BOUNDS, tuple(d for d, _ in self._positions),
-                    tuple(a for _, a in self._positions)) if self._positions_seen else None,
+                decode_batch=next((e.decode_batch for e in engines if e.decode_batch), None),
+                acceptance_by_output_position=requests.positions(),
                 health=Health(
                     errors=tuple(sorted(self._errors.items())),
                     dropped_records=self._dropped,
                     last_error=self._last_error,
                 ),
+                engines=tuple(engines),
+                attributed=requests.attribution(),
             )
 
     # ----------------------------------------------------------------- internals
-    def _observe(self, rec: RequestRecord) -> None:
-        """Add a final request record to the lifetime histograms (under the lock, once per request)."""
-        if rec.acceptance_rate is not None:
-            self._rate_hist.observe(rec.acceptance_rate)
-        if rec.mean_acceptance_length is not None:
-            self._len_hist.observe(rec.mean_acceptance_length)
-        if rec.e2e_s is not None:
-            self._e2e_hist.observe(rec.e2e_s)
-        if rec.ttft_s is not None:
-            self._ttft_hist.observe(rec.ttft_s)
-        if rec.tpot_s:
-            self._tpot_hist.observe(rec.tpot_s)
-
-    def _release_expired(self, now: float) -> list[RequestRecord]:
-        """Finalize the records that waited too long for their second part (under the lock)."""
-        out = []
-        since = self._pending
-        while since:
-            rid, t = next(iter(since.items()))
-            if now - t < self.PENDING_TIMEOUT_S:
-                break
-            since.popitem(last=False)
-            self._parts.pop(rid, None)
-            rec = self._recent.get(rid)
-            if rec is not None:
-                self._observe(rec)
-                out.append(rec)
-        return out
-
     def _publish(self, records: list[RequestRecord]) -> None:
         if not records or not self._listeners:
             return
@@ -394,7 +368,7 @@ class Hub:
             except queue.Empty:
                 # Release records whose second part never came, even when the engine is idle.
                 with self._lock:
-                    expired = self._release_expired(self._clock())
+                    expired = self._requests.release_expired(self._clock())
                 self._publish(expired)
                 continue
             for listener in list(self._listeners):
@@ -405,17 +379,7 @@ class Hub:
             self._queue.task_done()
 
     def _poll_gpu(self) -> GpuMemory:
-        now = self._clock()
-        if not self._gpu_sources or now - self._gpu_at < self._gpu_poll_s:
-            return self._gpu
-        self._gpu_at = now
-        for name, source in self._gpu_sources:
-            try:
-                self._gpu = source()
-                break
-            except Exception as exc:
-                self.count_error(f"gpu source {name}", exc)
-        return self._gpu
+        return self._gpu.last
 
     def wait_idle(self, timeout: float = 5.0) -> bool:
         """Block until every queued record reached the listeners (for tests and shutdown)."""
@@ -425,6 +389,25 @@ class Hub:
                 return True
             time.sleep(0.005)
         return False
+
+
+def _sum(values: Any) -> int | None:
+    present = [v for v in values if v is not None]
+    return sum(present) if present else None
+
+
+#: Why the KV token estimate is withheld while requests share cached prefix blocks.
+SHARED_PREFIXES = ("not estimable while requests share prefix-cache blocks (vLLM counts a shared block once; "
+                   "requests' token counts cannot tell which blocks they share)")
+
+
+def _kv(info: EngineInfo, usage: float | None, live_tokens: int, shared: bool = False) -> KVCache:
+    """One engine's KV cache; with prefix-cache hits in the window the token estimate is withheld, with why."""
+    if shared:
+        return KVCache(block_size=info.block_size, num_blocks=info.num_blocks, block_usage=usage,
+                       not_estimable=SHARED_PREFIXES)
+    return KVCache(block_size=info.block_size, num_blocks=info.num_blocks, block_usage=usage,
+                   tokens_held=live_tokens if usage is not None else None)
 
 
 _default: Hub | None = None

@@ -107,7 +107,7 @@ def resource_attributes(info: EngineInfo, service_name: str | None) -> dict[str,
         "host.name": socket.gethostname(),
         "telemetry.distro.name": "specscope",
         "telemetry.distro.version": __version__,
-        "gen_ai.provider.name": info.engine,
+        "gen_ai.provider.name": info.server,
         "specscope.engine.version": info.engine_version or "",
         "specscope.model": info.model or "",
         "specscope.draft_model": info.draft_model or "",
@@ -119,10 +119,10 @@ def resource_attributes(info: EngineInfo, service_name: str | None) -> dict[str,
 
 
 def static_attrs(metric: catalogue.Metric, info: EngineInfo) -> dict[str, str]:
-    """The attributes a histogram observation carries: the engine's, or the GenAI ones."""
+    """The attributes a histogram observation carries: the server's, or the GenAI ones."""
     if metric.attributes == catalogue.GENAI_ATTRS:
         return catalogue.genai_attrs_of(info)
-    return catalogue.engine_attrs_of(info)
+    return catalogue.server_attrs_of(info)
 
 
 class _Snapshots:

@@ -59,10 +59,10 @@ class Report:
 
 # ----------------------------------------------------------------------------- inputs
 def load(source: str, *, window_s: float = 30.0, duration_s: float = 30.0, interval_s: float = 1.0,
-         baseline: StepProfile | None = None) -> Report:
+         baseline: StepProfile | None = None, headers: dict[str, str] | None = None) -> Report:
     """A report from a URL (polled for ``duration_s``), a recording (``top --record``) or ``truth.json``."""
     if source.startswith(("http://", "https://")):
-        rep = _from_endpoint(source, window_s, duration_s, interval_s)
+        rep = _from_endpoint(source, window_s, duration_s, interval_s, headers or {})
     else:
         path = Path(source)
         try:
@@ -100,10 +100,11 @@ def _from_text(source: str, text: str, window_s: float) -> Report:
                   [_engine(name, series, window_s) for name, series in snaps.items()])
 
 
-def _from_endpoint(url: str, window_s: float, duration_s: float, interval_s: float) -> Report:
+def _from_endpoint(url: str, window_s: float, duration_s: float, interval_s: float,
+                   headers: dict[str, str]) -> Report:
     from specscope.collectors.scrape import EndpointSource, SourceError
 
-    src = EndpointSource(url)
+    src = EndpointSource(url, headers=headers)
     series: list[Snapshot] = []
     deadline = time.monotonic() + duration_s
     while True:

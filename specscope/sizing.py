@@ -139,6 +139,34 @@ def draft_size(method: str | None, draft_cfg: Any, target_cfg: Any) -> ModelSize
     return None
 
 
+def kv_elements_per_token(cfg: Any, layers: int | None = None) -> int | None:
+    """KV-cache elements one token takes in ``layers`` attention layers (default: all of the config's): key and
+    value per KV head, or the compressed latent of multi-head latent attention; None when unreadable."""
+    cfg = _text(cfg)
+    try:
+        hidden, heads = int(_get(cfg, "hidden_size")), int(_get(cfg, "num_attention_heads", 1))
+        n = int(layers if layers is not None else _get(cfg, "num_hidden_layers"))
+    except (TypeError, ValueError):
+        return None
+    kv_lora = _get(cfg, "kv_lora_rank")
+    if kv_lora:
+        return n * (int(kv_lora) + int(_get(cfg, "qk_rope_head_dim", 64)))
+    kv_heads = int(_get(cfg, "num_key_value_heads", heads))
+    return n * 2 * kv_heads * int(_get(cfg, "head_dim", hidden // heads))
+
+
+def draft_kv_layers(method: str | None, draft_cfg: Any) -> int:
+    """Attention layers the speculator keeps its own KV cache for (they share the target's blocks)."""
+    if method in MODEL_FREE_METHODS or draft_cfg is None:
+        return 0
+    cfg = _text(draft_cfg)
+    if method == "eagle3":
+        return 1
+    if method == "mtp":
+        return int(_get(cfg, "n_predict", 0) or _get(cfg, "num_nextn_predict_layers", 1))
+    return int(_get(cfg, "num_hidden_layers", 1))
+
+
 def architecture(cfg: Any) -> str | None:
     """A short fingerprint of what a step's time depends on: class, layers, widths, vocabulary, parameters."""
     size = model_size(cfg)

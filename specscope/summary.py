@@ -23,7 +23,7 @@ def summary(snap: Snapshot) -> str:
     """Engine, speculative decoding (window and lifetime), KV cache and GPU memory, one topic a line."""
     e = snap.engine
     lines = [
-        f"engine   {e.engine} {e.engine_version or ''}  model {e.model}",
+        f"engine   {e.server} {e.engine_version or ''}  model {e.model}",
         f"spec     method {e.method or 'none'}  draft {e.draft_model or '-'}  K {e.num_speculative_tokens or '-'}",
     ]
     for label, t in (("window", snap.window), ("lifetime", snap.lifetime)):
@@ -41,13 +41,21 @@ def summary(snap: Snapshot) -> str:
     if snap.baseline_problem:
         lines.append(f"baseline refused: {snap.baseline_problem}")
     if snap.tokenizer is not None:
-        lines.append(f"tokenizer {snap.tokenizer.verdict}" + "".join(f"; {r}" for r in snap.tokenizer.reasons))
+        tok = snap.tokenizer
+        overlap = "" if tok.overlap is None else f" (vocabulary overlap {tok.overlap:.0%})"
+        lines.append(f"tokenizer {tok.verdict}{overlap}" + "".join(f"; {r}" for r in tok.reasons))
     kv = snap.kv
     lines.append(
         f"kv cache blocks {percent(kv.block_usage)} ({kv.blocks_used} of {kv.block_size}-token blocks)"
         f"  tokens {percent(kv.token_usage)}  fragmentation {percent(kv.fragmentation)}"
         f"  preemptions {snap.lifetime.preemptions}  prefix-cache hits {percent(snap.lifetime.prefix_cache_hit_rate)}"
     )
+    if kv.not_estimable:
+        lines.append(f"         tokens and fragmentation {kv.not_estimable}")
+    for view in snap.engines if len(snap.engines) > 1 else ():
+        spec = view.window.spec
+        lines.append(f"engine {view.index}  acceptance {percent(spec.acceptance_rate if spec else None)}  running "
+                     f"{view.running if view.running is not None else 'n/a'}  kv blocks {percent(view.kv.block_usage)}")
     share = snap.cost_ratio.draft_weight_share if snap.cost_ratio else None
     if share is not None:
         lines.append(f"weights  the draft holds {percent(share)} of the two models' weights (from parameter counts)")

@@ -3,8 +3,18 @@
 With ``draft_model`` speculation the draft runs on the target's token ids. A draft trained with another
 tokenizer of the same size passes vLLM's check and then proposes ids that mean other tokens: acceptance
 collapses, or worse, is silently low. :func:`compare` loads both tokenizers from local files only (never the
-network) and compares the token→id map, special tokens, added tokens, the normalizer / pre-tokenizer /
-decoder, and the ids of a probe corpus.
+network) and compares the token→id map, special tokens, added tokens, the chat template, the normalizer /
+pre-tokenizer / decoder, and the ids of a probe corpus. The verdict is graded:
+
+- ``mismatch`` (critical): tokens both vocabularies hold have different ids, probe texts encode differently, or
+  the models' configured vocabulary sizes differ (vLLM refuses to start);
+- ``warning``: tokens only one side has (added tokens; a vocabulary padded or extended at the end), special
+  tokens or the chat template differ — every shared token still means the same;
+- ``compatible``: the same ids, with cosmetic differences (a token's string, the decoder's configuration);
+- ``identical``.
+
+The share of the target's vocabulary the draft holds under the same ids bounds acceptance: a token outside it
+can never be proposed right.
 """
 
 from __future__ import annotations
@@ -14,7 +24,9 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-Verdict = Literal["identical", "compatible", "mismatch"]
+from specscope.model import TokenizerStatus
+
+Verdict = Literal["identical", "compatible", "warning", "mismatch"]
 
 SPECIALS = ("bos_token", "eos_token", "pad_token", "unk_token")
 
@@ -50,7 +62,10 @@ class Report:
     draft: str
     verdict: Verdict
     reasons: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: Share of the target's vocabulary the draft holds under the same ids: a ceiling on acceptance.
+    overlap: float = 1.0
     vocab_size: tuple[int, int] = (0, 0)
     ids_differing: int = 0
     id_examples: list[tuple[str, int | None, int | None]] = field(default_factory=list)
@@ -63,6 +78,10 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready."""
         return asdict(self)
+
+    def status(self) -> TokenizerStatus:
+        """What the snapshot carries: the verdict, the reasons for it (mismatch) or the warnings, the overlap."""
+        return TokenizerStatus(self.verdict, tuple(self.reasons or self.warnings), self.overlap)
 
 
 def load(path: str) -> Any:
@@ -89,35 +108,59 @@ def _pipeline(tok: Any) -> dict[str, Any]:
     return {k: spec.get(k) for k in ("normalizer", "pre_tokenizer", "decoder", "post_processor")}
 
 
+def _config_vocab(path: str) -> int | None:
+    """The model's configured vocabulary size (what vLLM compares), where a config sits beside the tokenizer."""
+    try:
+        from transformers import AutoConfig
+
+        cfg = AutoConfig.from_pretrained(path, local_files_only=True)
+    except Exception:
+        return None
+    cfg = getattr(cfg, "text_config", None) or cfg
+    size = getattr(cfg, "vocab_size", None)
+    return int(size) if size else None
+
+
 def compare(target: str, draft: str, probes: tuple[str, ...] = PROBES, max_examples: int = 5) -> Report:
     """Compare the two tokenizers; raises :class:`TokenizerCheckError` when one cannot be loaded."""
     t, d = load(target), load(draft)
     tv, dv = t.get_vocab(), d.get_vocab()
     report = Report(target=target, draft=draft, verdict="identical", vocab_size=(len(t), len(d)))
-    reasons, notes = report.reasons, report.notes
-    if len(t) != len(d):
-        reasons.append(f"vocabulary sizes differ: target {len(t)}, draft {len(d)} (vLLM refuses to start)")
-    differing = sorted(tok for tok in set(tv) | set(dv) if tv.get(tok) != dv.get(tok))
-    report.ids_differing = len(differing)
+    reasons, warnings, notes = report.reasons, report.warnings, report.notes
+    configured = (_config_vocab(target), _config_vocab(draft))
+    if None not in configured and configured[0] != configured[1]:
+        reasons.append(f"vocabulary sizes differ: target {configured[0]}, draft {configured[1]} "
+                       "(vLLM refuses to start)")
+    shared = set(tv) & set(dv)
+    differing = sorted(tok for tok in shared if tv[tok] != dv[tok])
+    alone = sorted(set(tv) ^ set(dv))
+    report.ids_differing = len(differing) + len(alone)
     # Tokens both know under different ids say most; then tokens only one knows.
-    telling = sorted(differing, key=lambda tok: (tok not in tv or tok not in dv, tok))
+    telling = differing + alone
     report.id_examples = [(tok, tv.get(tok), dv.get(tok)) for tok in telling[:max_examples]]
+    report.overlap = (len(shared) - len(differing)) / max(1, len(tv))
     if differing:
-        share = len(differing) / max(1, len(set(tv) | set(dv)))
-        reasons.append(f"{len(differing)} tokens ({share:.0%}) have different ids or exist in one vocabulary only")
+        reasons.append(f"{len(differing)} tokens both vocabularies hold ({len(differing) / max(1, len(shared)):.0%}) "
+                       "have different ids: the draft proposes ids that mean other tokens")
+    if alone:
+        only_t, only_d = sum(1 for tok in alone if tok in tv), sum(1 for tok in alone if tok in dv)
+        warnings.append(f"{len(alone)} tokens are in one vocabulary only (target {only_t}, draft {only_d}): added "
+                        f"tokens or a padded vocabulary; acceptance is at most {report.overlap:.0%} on them")
     for name in SPECIALS:
         pair = (getattr(t, name, None), getattr(d, name, None))
         ids = (getattr(t, f"{name}_id", None), getattr(d, f"{name}_id", None))
         report.specials[name] = (f"{pair[0]}={ids[0]}", f"{pair[1]}={ids[1]}")
         if ids[0] != ids[1]:
-            reasons.append(f"{name} differs: target {pair[0]!r} id {ids[0]}, draft {pair[1]!r} id {ids[1]}")
+            warnings.append(f"{name} differs: target {pair[0]!r} id {ids[0]}, draft {pair[1]!r} id {ids[1]}")
         elif pair[0] != pair[1]:
             notes.append(f"{name} has the same id but another string: {pair[0]!r} vs {pair[1]!r}")
     added_t = sorted(str(a) for a in t.get_added_vocab())
     added_d = sorted(str(a) for a in d.get_added_vocab())
     report.added_tokens = (added_t, added_d)
     if added_t != added_d:
-        reasons.append(f"added tokens differ: {sorted(set(added_t) ^ set(added_d))[:max_examples]}")
+        warnings.append(f"added tokens differ: {sorted(set(added_t) ^ set(added_d))[:max_examples]}")
+    if getattr(t, "chat_template", None) != getattr(d, "chat_template", None):
+        warnings.append("chat templates differ (chat requests are rendered with the target's)")
     pt, pd = _pipeline(t), _pipeline(d)
     report.pipeline_differences = [k for k in pt if pt.get(k) != pd.get(k)]
     for k in report.pipeline_differences:
@@ -134,10 +177,7 @@ def compare(target: str, draft: str, probes: tuple[str, ...] = PROBES, max_examp
     report.probes_identical = same / len(probes)
     if same < len(probes):
         reasons.append(f"only {same} of {len(probes)} probe texts encode to the same ids")
-    if reasons:
-        report.verdict = "mismatch"
-    elif notes:
-        report.verdict = "compatible"
+    report.verdict = "mismatch" if reasons else "warning" if warnings else "compatible" if notes else "identical"
     return report
 
 
@@ -151,9 +191,34 @@ def render(report: Report) -> str:
     for name, (a, b) in report.specials.items():
         lines.append(f"{name}: target {a}, draft {b}")
     lines.append(f"probe texts encoding identically: {report.probes_identical:.0%}")
+    lines.append(f"vocabulary overlap (same token, same id): {report.overlap:.0%} of the target's, a ceiling on "
+                 "acceptance")
     if report.first_divergence:
         fd = report.first_divergence
         lines.append(f"  first divergence in {fd['text']!r} at token {fd['position']}: "
                      f"target {fd['target_ids']} vs draft {fd['draft_ids']}")
-    lines += [f"mismatch: {r}" for r in report.reasons] + [f"note: {n}" for n in report.notes]
+    lines += [f"mismatch: {r}" for r in report.reasons] + [f"warning: {w}" for w in report.warnings]
+    lines += [f"note: {n}" for n in report.notes]
     return "\n".join(lines)
+
+
+def record_verdict(target: str, draft: str, hub: Any) -> None:
+    """Compare ``target``'s and ``draft``'s tokenizers and record the verdict in ``hub``; log a mismatch. Never
+    raises: a tokenizer that cannot be loaded skips the check (logged), anything else is counted in the hub."""
+    import logging
+
+    log = logging.getLogger("specscope")
+    try:
+        report = compare(target, draft)
+    except TokenizerCheckError as exc:
+        log.info("specscope: tokenizer check skipped: %s", exc)
+        return
+    except Exception as exc:
+        hub.count_error("tokenizer check", exc)
+        return
+    hub.set_tokenizer_status(report.status())
+    if report.verdict == "mismatch":
+        log.warning("specscope: the draft's tokenizer does not match the target's: %s", "; ".join(report.reasons))
+    elif report.verdict == "warning":
+        log.warning("specscope: the draft's tokenizer differs from the target's (shared tokens keep their ids): "
+                    "%s", "; ".join(report.warnings))

@@ -11,6 +11,7 @@ them. :func:`instrument` attaches the same recording to an engine created elsewh
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import vllm
 from vllm.v1.engine.async_llm import AsyncLLM as _VllmAsyncLLM
 
-from specscope.collectors import gpu_source, vllm_reader
+from specscope.collectors import gpu_source, vllm_hook, vllm_reader
 from specscope.collectors.vllm_logger import SpecscopeStatLogger
 from specscope.hub import Hub, default_hub
 from specscope.model import Snapshot, StepProfile, StepTime
@@ -43,17 +44,21 @@ def _record_output(hub: Hub, output: Any) -> None:
         hub.count_error("request output", exc)
 
 
-def instrument(engine: Any, hub: Hub | None = None, *, keep_vllm_loggers: bool = True) -> Hub:
+def instrument(engine: Any, hub: Hub | None = None, *, keep_vllm_loggers: bool | None = None) -> Hub:
     """Record ``engine``'s steps and finished requests into ``hub`` (default: the process-wide hub).
 
     ``engine`` is a ``vllm.LLM``, an ``LLMEngine`` or an ``AsyncLLM`` created with stat logging on (the
     default, except for ``vllm.LLM``, which needs ``disable_log_stats=False``). With
-    ``keep_vllm_loggers=False`` vLLM's own log-line and Prometheus loggers are removed. Instrumenting an engine
-    again moves it to ``hub`` (a ``specscope.LLM``'s ``specscope`` attribute and ``snapshot()`` follow).
+    ``keep_vllm_loggers=False`` vLLM's own log-line and Prometheus loggers are removed (default: kept, or as the
+    engine's earlier instrumentation left them). Instrumenting an engine again moves it to ``hub`` (a
+    ``specscope.LLM``'s ``specscope`` attribute and ``snapshot()`` follow).
     """
     hub = hub or default_hub()
     target = getattr(engine, "llm_engine", engine)
-    if getattr(target, _STATE, None) is not None:
+    earlier = getattr(target, _STATE, None)
+    if keep_vllm_loggers is None:
+        keep_vllm_loggers = earlier is None or not earlier[2]
+    if earlier is not None:
         uninstrument(target)
     manager = getattr(target, "logger_manager", None)
     if manager is None:
@@ -67,9 +72,20 @@ def instrument(engine: Any, hub: Hub | None = None, *, keep_vllm_loggers: bool =
     removed = [] if keep_vllm_loggers else others
     manager.stat_loggers[:] = [*(others if keep_vllm_loggers else []), stat_logger]
     stat_logger.log_engine_initialized()
-    hub.expect_request_parts(2)
     gpu_source.attach(hub)
+    if vllm_hook.installed():  # the stat logger's records are complete: nothing to join
+        setattr(target, _STATE, (hub, stat_logger, removed, None))
+    else:
+        _record_outputs(target, hub, stat_logger, removed)
+    if isinstance(getattr(engine, "specscope", None), Hub):
+        engine.specscope = hub
+    return hub
 
+
+def _record_outputs(target: Any, hub: Hub, stat_logger: Any, removed: list[Any]) -> None:
+    """Where vLLM cannot be hooked: join the engine's outputs (speculative numbers, front-end TTFT) as a
+    second part of each request record."""
+    hub.expect_request_parts(2)
     if isinstance(target, _VllmAsyncLLM):
         original: Callable[..., Any] = target.generate
 
@@ -92,9 +108,6 @@ def instrument(engine: Any, hub: Hub | None = None, *, keep_vllm_loggers: bool =
         target.step = instrumented_step
         patched = "step"
     setattr(target, _STATE, (hub, stat_logger, removed, patched))
-    if isinstance(getattr(engine, "specscope", None), Hub):
-        engine.specscope = hub
-    return hub
 
 
 def uninstrument(engine: Any) -> None:
@@ -104,7 +117,8 @@ def uninstrument(engine: Any) -> None:
     if state is None:
         return
     _hub, stat_logger, removed, patched = state
-    target.__dict__.pop(patched, None)
+    if patched is not None:
+        target.__dict__.pop(patched, None)
     manager = target.logger_manager
     manager.stat_loggers[:] = [lg for lg in manager.stat_loggers if lg is not stat_logger] + removed
     setattr(target, _STATE, None)
@@ -116,26 +130,11 @@ def _wants_speculation(kwargs: dict[str, Any]) -> bool:
 
 def check_tokenizers(target: str, spec: Any, hub: Hub) -> None:
     """Before a draft-model engine starts: compare the tokenizers, log a mismatch, record the verdict."""
-    import logging
+    from specscope.tokenizer_check import record_verdict
 
-    from specscope.model import TokenizerStatus
-    from specscope.tokenizer_check import TokenizerCheckError, compare
-
-    log = logging.getLogger("specscope")
     if not isinstance(spec, dict) or spec.get("method", "draft_model") != "draft_model" or not spec.get("model"):
         return
-    try:
-        report = compare(target, str(spec["model"]))
-    except TokenizerCheckError as exc:
-        log.info("specscope: tokenizer check skipped: %s", exc)
-        return
-    except Exception as exc:
-        hub.count_error("tokenizer check", exc)
-        return
-    hub.set_tokenizer_status(TokenizerStatus(report.verdict, tuple(report.reasons)))
-    if report.verdict == "mismatch":
-        log.warning("specscope: the draft's tokenizer does not match the target's; the draft will propose ids "
-                    "that mean other tokens: %s", "; ".join(report.reasons))
+    record_verdict(target, str(spec["model"]), hub)
 
 
 class LLM(vllm.LLM):
@@ -198,6 +197,45 @@ def measure_step_times(llm: LLM, batch_sizes: Sequence[int], tokens: int = 64, r
             seconds = t.steps * t.mean_s - (old.steps * old.mean_s if old else 0.0)
             times.append(StepTime(t.batch_size, steps, seconds / steps))
     return StepProfile(tuple(times), f"measured on {snap.engine.model}", snap.engine.setup)
+
+
+def steady_throughput(llm: Any, batch: int, seconds: float, prompts: Sequence[str], tokens: int = 96) -> float:
+    """Output tokens per second with ``batch`` greedy requests in flight for ``seconds``, each finished request
+    replaced by the next of ``prompts`` (in order), as a serving engine with a queue keeps its batch full; the
+    requests in flight at the end are aborted. This is the throughput "at batch b" that specscope's verdict is
+    about: a fixed batch that drains ends on partial batches, and only under speculation (its requests finish at
+    different steps, plain greedy ones together), which would weigh on speculation unfairly.
+    """
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    engine = getattr(llm, "llm_engine", llm)
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+    live: set[str] = set()
+    added = 0
+
+    def add() -> None:
+        nonlocal added
+        rid = f"steady-{id(engine)}-{time.monotonic_ns()}-{added}"
+        engine.add_request(rid, prompts[added % len(prompts)], params)
+        live.add(rid)
+        added += 1
+
+    for _ in range(batch):
+        add()
+    produced, t0 = 0, time.perf_counter()
+    now = t0
+    while now - t0 < seconds:
+        for out in engine.step():
+            produced += len(out.outputs[0].token_ids)
+            if out.finished:
+                live.discard(out.request_id)
+                add()
+        now = time.perf_counter()
+    engine.abort_request(list(live))
+    while engine.has_unfinished_requests():
+        engine.step()
+    return produced / (now - t0)
 
 
 class AsyncLLM(_VllmAsyncLLM):

@@ -116,3 +116,33 @@ def hf_cache(home: Path, models: dict[str, Path]) -> dict[str, str]:
         (repo / "refs").mkdir(exist_ok=True)
         (repo / "refs" / "main").write_text(rev)
     return {"HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def start_prometheus(jobs: dict[str, str], tmp: Path, up_within_s: float = 90) -> tuple[str, Any]:
+    """Debian's Prometheus on 127.0.0.1 scraping ``jobs`` (name → host:port) every second; returns (URL, process)
+    once every job has been scraped (it stops by itself after 10 minutes)."""
+    import subprocess
+    import time
+
+    import httpx
+
+    scrape = "".join(f"  - job_name: {name}\n    static_configs: [{{targets: ['{target}']}}]\n"
+                     for name, target in jobs.items())
+    (tmp / "prometheus.yml").write_text(f"global: {{scrape_interval: 1s}}\nscrape_configs:\n{scrape}")
+    port = free_port()
+    proc = subprocess.Popen(
+        ["timeout", "600", "prometheus", f"--config.file={tmp / 'prometheus.yml'}",
+         f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + up_within_s
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.get(f"{url}/api/v1/query", params={"query": "up == 1"}, timeout=5).json()
+            if len(r["data"]["result"]) == len(jobs):
+                return url, proc
+        except (httpx.HTTPError, ValueError, KeyError):
+            pass
+        time.sleep(0.5)
+    proc.terminate()
+    raise RuntimeError(f"Prometheus did not scrape {sorted(jobs)} within {up_within_s:.0f} s")

@@ -10,7 +10,7 @@ import pytest
 from specscope import catalogue
 from specscope.collectors.gpu_source import GpuCollector
 from specscope.hub import Hub, StepStats
-from specscope.model import CostRatio, EngineInfo, TokenizerStatus
+from specscope.model import CostRatio, DraftMemory, EngineInfo, TokenizerStatus
 from specscope.otel_export import OtelConfigError, OtelExporter, resolve_config
 from tests.collectors.test_gpu import FakeNvml, GiB
 from tests.otlp_receiver import GrpcReceiver, HttpReceiver
@@ -29,18 +29,19 @@ REQUESTS = [
 def filled_hub() -> Hub:
     hub = Hub(clock=Clock())
     hub.set_engine(EngineInfo(engine_version="0.32.0", model="tgt", draft_model="drf", method="draft_model",
-                              num_speculative_tokens=4, block_size=16, num_blocks=101))
+                              num_speculative_tokens=4, block_size=16, num_blocks=101,
+                              draft_memory=DraftMemory(GiB, 65536, 8192)))
     import os
 
     nvml = FakeNvml([{"name": "NVIDIA H100", "used": 30 * GiB, "total": 80 * GiB, "procs": [(os.getpid(), GiB)]}])
     hub.add_gpu_source("gpu", GpuCollector(nvml=nvml))
-    hub.set_tokenizer_status(TokenizerStatus("identical"))
+    hub.set_tokenizer_status(TokenizerStatus("identical", overlap=1.0))
     hub.set_cost_ratio(CostRatio(0.1, "estimated from parameter counts", 10_000, 1_000))
     for _ in range(3):
         hub.record_step(StepStats(running=2, waiting=1, kv_usage=0.25, num_spec_tokens=4, drafts=3, draft_tokens=12,
                                   accepted=7, accepted_per_pos=[3, 2, 1, 1], draft_tokens_per_pos=[3, 3, 3, 3],
                                   generation_tokens=10, prompt_tokens=40, prefix_cache_queries=40,
-                                  prefix_cache_hits=10, preemptions=1))
+                                  prefix_cache_hits=0, preemptions=1))  # no hits: KV estimable
     return hub
 
 

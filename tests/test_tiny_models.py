@@ -19,7 +19,7 @@ def test_family_and_properties(tiny: dict[str, Path]) -> None:
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoTokenizer
 
-    assert set(tiny) == {"target", *tiny_models.DRAFTS}
+    assert set(tiny) == set(tiny_models.MODELS) and {"target", *tiny_models.DRAFTS} <= set(tiny)
     target_tok = AutoTokenizer.from_pretrained(tiny["target"])
     assert len(target_tok) == tiny_models.VOCAB_SIZE
     assert digest(tiny["copy"]) == digest(tiny["target"])
@@ -35,6 +35,21 @@ def test_family_and_properties(tiny: dict[str, Path]) -> None:
     va, vb = target_tok.get_vocab(), other.get_vocab()
     assert sum(va[t] != vb.get(t) for t in va) > len(va) // 2  # ... but the ids mean other tokens
     assert AutoConfig.from_pretrained(tiny["other-vocab"]).vocab_size == tiny_models.SMALL_VOCAB_SIZE
+
+
+def test_the_deep_family_draft_is_exactly_its_targets_first_layer(tiny: dict[str, Path]) -> None:
+    from safetensors.torch import load_file
+
+    for name, factor in tiny_models.DEEP.items():
+        target = load_file(tiny[f"{name}-target"] / "model.safetensors")
+        draft = load_file(tiny[f"{name}-draft"] / "model.safetensors")
+        assert set(draft) == {k for k in target if not k.startswith("model.layers.") or k.startswith("model.layers.0.")}
+        assert all(bool((draft[k] == target[k]).all()) for k in draft)  # the same weights, not a noisy copy
+        # Every later layer writes into the residual stream scaled by the factor.
+        unscaled = tiny_models._deep_pair(1.0)[0].state_dict()
+        key = "model.layers.5.mlp.down_proj.weight"
+        assert float((target[key] / unscaled[key]).mean()) == pytest.approx(factor, rel=1e-5)
+        assert target["model.layers.0.mlp.down_proj.weight"].equal(unscaled["model.layers.0.mlp.down_proj.weight"])
 
 
 def test_build_is_deterministic(tiny: dict[str, Path], tmp_path: Path) -> None:

@@ -57,6 +57,57 @@ def test_other_vocabulary_size_is_a_mismatch(tiny: dict[str, Path]) -> None:
     assert any("vocabulary sizes differ" in r for r in report.reasons)
 
 
+def _variant(src: Path, dest: Path, edit: Any = None, vocab_size: int | None = None) -> str:
+    """A weightless copy of ``src`` with its tokenizer edited (``edit(tokenizer)``) or its configured vocabulary
+    size changed."""
+    from transformers import AutoTokenizer
+
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("*.safetensors"))
+    if edit is not None:
+        tok = AutoTokenizer.from_pretrained(dest, local_files_only=True)
+        edit(tok)
+        tok.save_pretrained(dest)
+    if vocab_size is not None:
+        config = json.loads((dest / "config.json").read_text())
+        (dest / "config.json").write_text(json.dumps({**config, "vocab_size": vocab_size}))
+    return str(dest)
+
+
+def test_added_token_is_a_warning_not_a_mismatch(tiny: dict[str, Path], tmp_path: Path) -> None:
+    target = str(tiny["target"])
+    draft = _variant(tiny["target"], tmp_path / "added", lambda t: t.add_tokens(["<tool_call>"]))
+    report = compare(target, draft)
+    assert report.verdict == "warning" and report.reasons == []
+    assert any("one vocabulary only (target 0, draft 1)" in w for w in report.warnings)
+    assert report.overlap == 1.0  # every target token is proposable
+    reverse = compare(draft, target)  # the target has a token the draft lacks: a ceiling below 1
+    assert reverse.verdict == "warning" and reverse.overlap == pytest.approx(2000 / 2001)
+    r = cli(target, draft)
+    assert r.returncode == 0 and r.stdout.startswith("verdict: WARNING") and "warning: " in r.stdout
+    assert report.status().verdict == "warning" and report.status().reasons == tuple(report.warnings)
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (lambda t: setattr(t, "pad_token", t.eos_token), "pad_token differs"),  # pad = eos, a common setup
+    (lambda t: setattr(t, "chat_template", "{{ messages[0]['content'] }}"), "chat templates differ"),
+], ids=["pad", "chat-template"])
+def test_special_token_or_chat_template_difference_is_a_warning(tiny: dict[str, Path], tmp_path: Path,
+                                                               edit: Any, expected: str) -> None:
+    report = compare(str(tiny["target"]), _variant(tiny["target"], tmp_path / "d", edit))
+    assert report.verdict == "warning" and report.reasons == [] and report.ids_differing == 0
+    assert any(expected in w for w in report.warnings), report.warnings
+
+
+def test_padded_vocabulary_is_judged_by_the_configured_size(tiny: dict[str, Path], tmp_path: Path) -> None:
+    # Tokenizer of 2000 tokens, embedding padded to 2048 (as Qwen models ship): what vLLM compares is the config.
+    padded_t = _variant(tiny["target"], tmp_path / "t", vocab_size=2048)
+    padded_d = _variant(tiny["target"], tmp_path / "d", vocab_size=2048)
+    assert compare(padded_t, padded_d).verdict == "identical"
+    unpadded = compare(padded_t, str(tiny["copy"]))
+    assert unpadded.verdict == "mismatch"
+    assert unpadded.reasons == ["vocabulary sizes differ: target 2048, draft 2000 (vLLM refuses to start)"]
+
+
 @pytest.mark.parametrize("args", [("/no/such/dir", "/no/such/draft"), ("only-one",)])
 def test_bad_input_is_one_line_and_exit_2(tiny: dict[str, Path], args: Any) -> None:
     r = cli(*args)
@@ -66,4 +117,5 @@ def test_bad_input_is_one_line_and_exit_2(tiny: dict[str, Path], args: Any) -> N
 
 def test_help_documents_the_exit_codes() -> None:
     r = cli("--help")
-    assert r.returncode == 0 and "0 identical or compatible" in " ".join(r.stdout.split())
+    text = " ".join(r.stdout.split())
+    assert r.returncode == 0 and "0 identical, compatible" in text and "or warning" in text and "1 mismatch" in text

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
 from specscope.alerts.rules import RULES, Rule, Thresholds, describe
-from specscope.catalogue import engine_attrs
+from specscope.catalogue import engine_views, server_attrs
 from specscope.hub import Hub
 from specscope.model import Snapshot
 
@@ -50,8 +50,8 @@ class Evaluator:
         self.notifiers = list(notifiers)
         self._clock = clock
         self._lock = threading.Lock()
-        self._alerts: dict[str, Alert] = {}
-        self._last_true: dict[str, float] = {}
+        self._alerts: dict[tuple[str, str], Alert] = {}  # by (rule, engine; "" for the server's rules)
+        self._last_true: dict[tuple[str, str], float] = {}
 
     def evaluate(self, snap: Snapshot | None = None) -> list[Alert]:
         """Advance every rule's state on ``snap`` (default: a fresh snapshot); return the transitions."""
@@ -59,33 +59,18 @@ class Evaluator:
         now = self._clock()
         t = self.thresholds
         changed: list[Alert] = []
+        server = server_attrs(snap)
+        engines = [(index, {**server, "engine": index}, view) for index, view in engine_views(snap)]
         with self._lock:
             for rule in self.rules:
-                try:
-                    active = rule.firing(snap, t)
-                except Exception as exc:
-                    self.hub.count_error(f"alert rule {rule.name}", exc)
-                    continue
-                current = self._alerts.get(rule.name)
-                if active:
-                    self._last_true[rule.name] = now
-                    summary, description = describe(rule, snap, t)
-                    if current is None or current.state == "resolved":
-                        current = Alert(rule.name, "pending", rule.severity, summary, description, rule.value(snap),
-                                        tuple(sorted(engine_attrs(snap).items())), rule.runbook_url, now)
-                    else:
-                        current = replace(current, summary=summary, description=description, value=rule.value(snap))
-                    if current.state == "pending" and now - current.active_since >= rule.for_s(t):
-                        current = replace(current, state="firing", fired_at=now)
-                        changed.append(current)
-                    self._alerts[rule.name] = current
-                elif current is not None and current.state != "resolved":
-                    if current.state == "pending":
-                        del self._alerts[rule.name]  # never fired: nothing to tell
-                    elif now - self._last_true.get(rule.name, now) >= t.keep_firing_for_s:
-                        current = replace(current, state="resolved", resolved_at=now)
-                        self._alerts[rule.name] = current
-                        changed.append(current)
+                subjects = engines if rule.per_engine and engines else [("", server, snap)]
+                for engine, labels, view in subjects:
+                    try:
+                        active = rule.firing(view, t)
+                    except Exception as exc:
+                        self.hub.count_error(f"alert rule {rule.name}", exc)
+                        continue
+                    changed += self._advance(rule, (rule.name, engine), labels, view, active, now)
             firing = [a for a in self._alerts.values() if a.state == "firing" and a not in changed]
         for notifier in self.notifiers:
             # Alertmanager forgets alerts that are not re-sent; the others hear of transitions only.
@@ -97,6 +82,31 @@ class Evaluator:
             except Exception as exc:
                 self.hub.count_error(f"notifier {type(notifier).__name__}", exc)
         return changed
+
+    def _advance(self, rule: Rule, key: tuple[str, str], labels: dict[str, str], snap: Snapshot, active: bool,
+                 now: float) -> list[Alert]:
+        """One rule on one subject (an engine, or the server): its next state; the transitions (under the lock)."""
+        t = self.thresholds
+        current = self._alerts.get(key)
+        if active:
+            self._last_true[key] = now
+            summary, description = describe(rule, snap, t)
+            if current is None or current.state == "resolved":
+                current = Alert(rule.name, "pending", rule.severity, summary, description, rule.value(snap),
+                                tuple(sorted(labels.items())), rule.runbook_url, now)
+            else:
+                current = replace(current, summary=summary, description=description, value=rule.value(snap))
+            self._alerts[key] = current
+            if current.state == "pending" and now - current.active_since >= rule.for_s(t):
+                current = self._alerts[key] = replace(current, state="firing", fired_at=now)
+                return [current]
+        elif current is not None and current.state != "resolved":
+            if current.state == "pending":
+                del self._alerts[key]  # never fired: nothing to tell
+            elif now - self._last_true.get(key, now) >= t.keep_firing_for_s:
+                current = self._alerts[key] = replace(current, state="resolved", resolved_at=now)
+                return [current]
+        return []
 
     def active(self) -> list[Alert]:
         """Pending and firing alerts, firing first."""

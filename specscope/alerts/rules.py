@@ -33,11 +33,19 @@ class Thresholds:
     weak_draft_min_draft_tokens: int = 200
     weak_draft_for_s: float = 60.0
     fragmentation: float = 0.5
+    #: Fragmentation matters only when blocks run short: below this block usage it is not a finding.
+    fragmentation_min_block_usage: float = 0.7
     fragmentation_for_s: float = 300.0
+    #: Mean acceptance length at or below this while drafting is a collapse (≈ nothing accepted).
+    collapse_length: float = 1.05
+    collapse_for_s: float = 60.0
+    #: An engine whose windowed acceptance is this far below its server's engines' mean diverges.
+    divergence: float = 0.15
+    divergence_for_s: float = 300.0
     kv_usage: float = 0.9
     kv_pressure_for_s: float = 120.0
-    gpu_memory: float = 0.95
-    gpu_memory_for_s: float = 120.0
+    #: The draft's share of the would-be KV capacity worth an alert when blocks run short (above ``kv_usage``).
+    draft_kv_share: float = 0.1
     keep_firing_for_s: float = 60.0
     window_s: float = 60.0
 
@@ -47,7 +55,8 @@ class Thresholds:
             v = getattr(self, f.name)
             if not isinstance(v, int | float) or isinstance(v, bool) or v < 0:
                 raise RuleConfigError(f"threshold {f.name} must be a non-negative number, got {v!r}")
-        for name in ("weak_draft_acceptance", "fragmentation", "kv_usage", "gpu_memory"):
+        for name in ("weak_draft_acceptance", "fragmentation", "fragmentation_min_block_usage", "kv_usage",
+                     "draft_kv_share", "divergence"):
             if getattr(self, name) > 1:
                 raise RuleConfigError(f"threshold {name} is a fraction between 0 and 1, got {getattr(self, name)}")
         if self.window_s <= 0:
@@ -104,6 +113,8 @@ class Rule:
     advice: str
     threshold: Callable[[Thresholds], float] | None = None
     vllm_promql: Callable[[Thresholds], str] | None = None
+    #: Evaluated on each data-parallel engine (its steps, its KV cache); False: once, for the server.
+    per_engine: bool = True
 
     @property
     def runbook_url(self) -> str:
@@ -111,10 +122,51 @@ class Rule:
         return f"{RUNBOOK}#{self.name.lower()}"
 
 
+def _drafting(s: Snapshot, t: Thresholds) -> bool:
+    w = s.window.spec
+    return w is not None and w.draft_tokens >= t.weak_draft_min_draft_tokens
+
+
+def _collapsed(s: Snapshot, t: Thresholds) -> bool:
+    w = s.window.spec
+    return (_drafting(s, t) and w is not None and w.mean_acceptance_length is not None
+            and w.mean_acceptance_length <= t.collapse_length)
+
+
 def _weak_draft(s: Snapshot, t: Thresholds) -> bool:
     w = s.window.spec
-    return (w is not None and w.draft_tokens >= t.weak_draft_min_draft_tokens and w.acceptance_rate is not None
-            and w.acceptance_rate < t.weak_draft_acceptance)
+    return (_drafting(s, t) and w is not None and w.acceptance_rate is not None
+            and w.acceptance_rate < t.weak_draft_acceptance and not _collapsed(s, t))
+
+
+def divergent_engine(s: Snapshot, t: Thresholds) -> tuple[int, float, float] | None:
+    """``(engine, its acceptance, the engines' mean)`` for the engine furthest below the mean of its server's
+    drafting engines, when at least two draft and it is more than ``t.divergence`` below; else None."""
+    rates = [(e.index, e.window.spec.acceptance_rate) for e in s.engines
+             if e.window.spec is not None and e.window.spec.draft_tokens >= t.weak_draft_min_draft_tokens
+             and e.window.spec.acceptance_rate is not None]
+    if len(rates) < 2:
+        return None
+    mean = sum(r for _, r in rates) / len(rates)
+    index, low = min(rates, key=lambda x: x[1])
+    return (index, low, mean) if low < mean - t.divergence else None
+
+
+def _divergence(s: Snapshot) -> float | None:
+    """The mean acceptance of the server's drafting engines minus the lowest one's (at default thresholds)."""
+    found = divergent_engine(s, Thresholds(divergence=0.0))
+    return None if found is None else found[2] - found[1]
+
+
+def _draft_kv(s: Snapshot) -> Any:
+    from specscope.diagnostics import draft_kv_cost
+
+    return draft_kv_cost(s)
+
+
+def _verdict(s: Snapshot, verdict: str) -> float | None:
+    """1 when the tokenizer check's verdict is ``verdict``, 0 otherwise; None before the check."""
+    return None if s.tokenizer is None else float(s.tokenizer.verdict == verdict)
 
 
 def _estimate(s: Snapshot) -> Any:
@@ -135,6 +187,23 @@ def _window(t: Thresholds) -> str:
     return f"{int(t.window_s)}s"
 
 
+def _vllm_mean_length(t: Thresholds) -> str:
+    w = _window(t)
+    return (f"(1 + rate(vllm:spec_decode_num_accepted_tokens_total[{w}]) / "
+            f"rate(vllm:spec_decode_num_drafts_total[{w}]))")
+
+
+def _diverging_promql(rate: str, same: str, drafted: str, t: Thresholds) -> str:
+    """``rate`` (one series per engine) more than the threshold below its group's mean, in groups of two or more
+    drafting engines; ``same`` lists the labels that make a group (one server, or one model)."""
+    return (f"{rate} < on({same}) group_left() (avg by ({same}) ({rate}) - {t.divergence}) and on({same}) "
+            f"(count by ({same}) ({rate}) >= 2) and {drafted}")
+
+
+def _drafted_promql(metric: str, t: Thresholds) -> str:
+    return f"increase({metric}[{_window(t)}]) >= {t.weak_draft_min_draft_tokens}"
+
+
 RULES: tuple[Rule, ...] = (
     Rule(
         name="SpecscopeWeakDraft",
@@ -147,14 +216,38 @@ RULES: tuple[Rule, ...] = (
         firing=_weak_draft,
         promql=lambda t: (
             f"{_p('specscope.spec_decode.acceptance_rate')} < {t.weak_draft_acceptance} and "
-            f"increase({_p('specscope.spec_decode.draft_tokens')}[{_window(t)}]) >= {t.weak_draft_min_draft_tokens}"),
+            f"{_p('specscope.spec_decode.mean_acceptance_length')} > {t.collapse_length} and "
+            + _drafted_promql(_p("specscope.spec_decode.draft_tokens"), t)),
         vllm_promql=lambda t: (
             f"(rate(vllm:spec_decode_num_accepted_tokens_total[{_window(t)}]) / "
             f"rate(vllm:spec_decode_num_draft_tokens_total[{_window(t)}])) < {t.weak_draft_acceptance} and "
-            f"increase(vllm:spec_decode_num_draft_tokens_total[{_window(t)}]) >= {t.weak_draft_min_draft_tokens}"),
+            f"{_vllm_mean_length(t)} > {t.collapse_length} and "
+            + _drafted_promql("vllm:spec_decode_num_draft_tokens_total", t)),
         for_s=lambda t: t.weak_draft_for_s,
         advice="Use a draft better matched to the target, lower K, or turn speculation off.",
         threshold=lambda t: t.weak_draft_acceptance,
+    ),
+    Rule(
+        name="SpecscopeAcceptanceCollapse",
+        severity="critical",
+        summary="Speculation has collapsed: about 1 token per step while the draft keeps drafting",
+        description="Mean acceptance length is {mean_length} tokens/step (at most {collapse}) over the window "
+                    "while drafts continue (acceptance {value}, per position {per_position}): every step pays "
+                    "for K draft tokens and keeps only the target's own. Likely causes: a draft or tokenizer "
+                    "swapped or mis-loaded, a sampling setting the draft does not follow, a corrupted draft "
+                    "checkpoint.",
+        value=lambda s: s.window.spec.acceptance_rate if s.window.spec else None,
+        firing=_collapsed,
+        promql=lambda t: (
+            f"{_p('specscope.spec_decode.mean_acceptance_length')} <= {t.collapse_length} and "
+            + _drafted_promql(_p("specscope.spec_decode.draft_tokens"), t)),
+        vllm_promql=lambda t: (
+            f"{_vllm_mean_length(t)} <= {t.collapse_length} and "
+            + _drafted_promql("vllm:spec_decode_num_draft_tokens_total", t)),
+        for_s=lambda t: t.collapse_for_s,
+        advice="Turn speculation off (num_speculative_tokens 0 or no speculative_config) until the draft is "
+               "fixed; check the draft path and `specscope check-tokenizers TARGET DRAFT`.",
+        threshold=lambda t: t.collapse_length,
     ),
     Rule(
         name="SpecscopeSpeculationNotPaying",
@@ -171,28 +264,72 @@ RULES: tuple[Rule, ...] = (
         advice="Use the recommended K, a cheaper or better draft, or turn speculation off.",
     ),
     Rule(
+        name="SpecscopeEngineDiverging",
+        severity="warning",
+        summary="One engine's acceptance is far below its peers'",
+        description="Engine {engine} accepts {engine_rate} of its draft tokens over the window, the server's "
+                    "drafting engines {peer_rate} on average (more than {threshold} apart). The same draft on the "
+                    "same model should accept alike: one engine sees other traffic (sticky routing of one "
+                    "tenant or language) or runs another draft, checkpoint or configuration.",
+        value=_divergence,
+        firing=lambda s, t: divergent_engine(s, t) is not None,
+        promql=lambda t: _diverging_promql(
+            _p("specscope.spec_decode.acceptance_rate"), "server, model, draft_model, method",
+            _drafted_promql(_p("specscope.spec_decode.draft_tokens"), t), t),
+        vllm_promql=lambda t: _diverging_promql(
+            f"(rate(vllm:spec_decode_num_accepted_tokens_total[{_window(t)}]) / "
+            f"rate(vllm:spec_decode_num_draft_tokens_total[{_window(t)}]))", "model_name",
+            _drafted_promql("vllm:spec_decode_num_draft_tokens_total", t), t),
+        for_s=lambda t: t.divergence_for_s,
+        advice="Compare the engine's requests (`specscope top`, Enter on its row) with its peers'; check its "
+               "load balancer routing and its launch flags.",
+        threshold=lambda t: t.divergence,
+        per_engine=False,
+    ),
+    Rule(
         name="SpecscopeTokenizerMismatch",
         severity="critical",
         summary="The draft's tokenizer does not match the target's",
-        description="The start-up check found that the draft maps tokens to other ids than the target: it "
-                    "proposes ids that mean other tokens. vLLM checks only the vocabulary size. Run "
-                    "`specscope check-tokenizers TARGET DRAFT` for the details.",
-        value=lambda s: (1.0 if s.tokenizer.verdict == "mismatch" else 0.0) if s.tokenizer else None,
-        firing=lambda s, t: s.tokenizer is not None and s.tokenizer.verdict == "mismatch",
-        promql=lambda t: f'{_p("specscope.tokenizer.mismatch")}{{state="mismatch"}} == 1',
+        description="The start-up check found that tokens both vocabularies hold have other ids in the draft, or "
+                    "probe texts encode differently: the draft proposes ids that mean other tokens, and "
+                    "acceptance collapses or is silently low (vLLM compares only the configured vocabulary "
+                    "size). Evidence: {tokenizer}; vocabulary overlap {overlap}.",
+        value=lambda s: _verdict(s, "mismatch"),
+        firing=lambda s, t: _verdict(s, "mismatch") == 1.0,
+        promql=lambda t: f'{_p("specscope.tokenizer.verdict")}{{state="mismatch"}} == 1',
         for_s=lambda t: 0.0,
-        advice="Use a draft trained with the target's tokenizer; check with specscope check-tokenizers.",
+        advice="Use a draft trained with the target's tokenizer; `specscope check-tokenizers TARGET DRAFT` shows "
+               "the tokens that differ.",
+        per_engine=False,
+    ),
+    Rule(
+        name="SpecscopeTokenizerWarning",
+        severity="warning",
+        summary="The draft's tokenizer differs from the target's, shared tokens keep their ids",
+        description="The start-up check found tokens only one side has (added tokens, a vocabulary extended at "
+                    "the end), or other special tokens or chat template; every shared token keeps its id. "
+                    "Evidence: {tokenizer}; vocabulary overlap {overlap}: the draft can never propose the rest.",
+        value=lambda s: _verdict(s, "warning"),
+        firing=lambda s, t: _verdict(s, "warning") == 1.0,
+        promql=lambda t: f'{_p("specscope.tokenizer.verdict")}{{state="warning"}} == 1',
+        for_s=lambda t: 0.0,
+        advice="Harmless when the target's extra tokens are rare in your traffic (tool calls, chat markers); "
+               "otherwise give the draft the target's tokenizer. `specscope check-tokenizers` lists them.",
+        per_engine=False,
     ),
     Rule(
         name="SpecscopeKVCacheFragmentation",
         severity="warning",
-        summary="KV-cache blocks are mostly empty: fragmentation above {threshold}",
+        summary="KV-cache blocks are mostly empty while blocks run short: fragmentation above {threshold}",
         description="Fragmentation (1 - token slots held / block slots allocated) is {value}: block usage "
                     "{block_usage}, token usage {token_usage}. Many short requests in large blocks, or a large K "
                     "reserving look-ahead slots.",
         value=lambda s: s.kv.fragmentation,
-        firing=lambda s, t: s.kv.fragmentation is not None and s.kv.fragmentation > t.fragmentation,
-        promql=lambda t: f"{_p('specscope.kv_cache.fragmentation')} > {t.fragmentation}",
+        firing=lambda s, t: (s.kv.fragmentation is not None and s.kv.fragmentation > t.fragmentation
+                             and s.kv.block_usage is not None
+                             and s.kv.block_usage > t.fragmentation_min_block_usage),
+        promql=lambda t: (f"{_p('specscope.kv_cache.fragmentation')} > {t.fragmentation} and "
+                          f"{_p('specscope.kv_cache.block_usage')} > {t.fragmentation_min_block_usage}"),
         for_s=lambda t: t.fragmentation_for_s,
         advice="Consider a smaller block size or K, or batching requests of similar length.",
         threshold=lambda t: t.fragmentation,
@@ -215,17 +352,21 @@ RULES: tuple[Rule, ...] = (
         threshold=lambda t: t.kv_usage,
     ),
     Rule(
-        name="SpecscopeGPUMemoryHigh",
+        name="SpecscopeDraftCrowdsKVCache",
         severity="warning",
-        summary="GPU memory above {threshold}",
-        description="A GPU is {value} full. Target and draft share it with the KV cache (the draft holds "
-                    "{draft_share} of the models' weights); allocation failures or preemptions follow.",
-        value=lambda s: max((d.used_fraction for d in s.gpu.devices), default=None),
-        firing=lambda s, t: any(d.used_fraction > t.gpu_memory for d in s.gpu.devices),
-        promql=lambda t: f"{_p('hw.gpu.memory.usage')} / {_p('hw.gpu.memory.limit')} > {t.gpu_memory}",
-        for_s=lambda t: t.gpu_memory_for_s,
-        advice="Lower gpu_memory_utilization, use a smaller draft, or move the draft off this GPU.",
-        threshold=lambda t: t.gpu_memory,
+        summary="The draft takes {threshold} or more of the KV capacity while blocks run short",
+        description="The draft's weights and its own KV layers take {value} of the KV capacity the target would "
+                    "have without it: {draft_kv}. Block usage is {block_usage}: requests wait or are preempted "
+                    "that the capacity would have held.",
+        value=lambda s: cost.share if (cost := _draft_kv(s)) else None,
+        firing=lambda s, t: ((cost := _draft_kv(s)) is not None and cost.share >= t.draft_kv_share
+                             and s.kv.block_usage is not None and s.kv.block_usage > t.kv_usage),
+        promql=lambda t: (f"{_p('specscope.kv_cache.draft_share')} >= {t.draft_kv_share} and "
+                          f"{_p('specscope.kv_cache.block_usage')} > {t.kv_usage}"),
+        for_s=lambda t: t.kv_pressure_for_s,
+        advice="A smaller draft (fewer layers, an EAGLE head or n-gram), a lower K, or more memory for the KV "
+               "cache; weigh the speedup the draft brings at this batch size against the sequences it costs.",
+        threshold=lambda t: t.draft_kv_share,
     ),
 )
 
@@ -240,14 +381,20 @@ def describe(rule: Rule, snap: Snapshot, t: Thresholds) -> tuple[str, str]:
     raw = rule.value(snap)
     values = {
         "value": f"{raw:.2f}x" if rule.name == "SpecscopeSpeculationNotPaying" and raw is not None else percent(raw),
-        "threshold": percent(threshold),
+        "threshold": f"{threshold:.2f}" if rule.name == "SpecscopeAcceptanceCollapse" else percent(threshold),
         "alpha": percent(w.alpha if w else None),
         "mean_length": "n/a" if not w or w.mean_acceptance_length is None else f"{w.mean_acceptance_length:.2f}",
         "per_position": ", ".join(percent(r) for r in w.per_position) if w else "n/a",
         "block_usage": percent(snap.kv.block_usage),
         "token_usage": percent(snap.kv.token_usage),
         "speedup_detail": est.explain() if (est := _estimate(snap)) else "no estimate",
-        "draft_share": percent(snap.cost_ratio.draft_weight_share if snap.cost_ratio else None),
+        "draft_kv": cost.explain() if (cost := _draft_kv(snap)) else "n/a",
+        "tokenizer": "; ".join(snap.tokenizer.reasons) if snap.tokenizer and snap.tokenizer.reasons else "n/a",
+        "overlap": percent(snap.tokenizer.overlap if snap.tokenizer else None),
+        "collapse": f"{t.collapse_length:.2f}",
+        "engine": str(div[0]) if (div := divergent_engine(snap, replace(t, divergence=0.0))) else "n/a",
+        "engine_rate": percent(div[1] if div else None),
+        "peer_rate": percent(div[2] if div else None),
     }
     return rule.summary.format(**values), f"{rule.description.format(**values)} {rule.advice}"
 

@@ -1,20 +1,33 @@
 """ASGI middleware for ``vllm serve --middleware specscope.collectors.middleware.SpecscopeMiddleware``.
 
-It reads each completion's ``usage`` and ``metrics.speculative_decoding`` (when streaming: the final usage
-chunk, sent when the client asks for ``stream_options.include_usage``) and records them in the process-wide hub,
-joined with what the stat-logger plugin recorded for the same request. Every message is passed on before it is
-looked at, so the response is never delayed; text is never kept. ``GET /specscope/snapshot`` returns the hub's
-snapshot as JSON on the server's own port.
+It serves the process's hub as JSON at ``GET /specscope/snapshot`` on the server's own port, behind the server's
+``--api-key`` (vLLM's own check guards only ``/v1/...``, and a ``--middleware`` runs before it), and never holds
+vLLM's event loop: ``?since=N`` returns only the request records that became final after ``N`` (the
+``final_seq`` a poller has seen; ``specscope top --url`` asks for it), and records are encoded a few at a time,
+the loop running between pieces. ``SPECSCOPE_SNAPSHOT=off`` turns the endpoint off.
+
+Where the stat-logger plugin could hook vLLM's output processor (:mod:`specscope.collectors.vllm_hook`), the
+plugin's records are complete and the middleware records nothing. Otherwise it reads each completion's
+``usage`` and ``metrics.speculative_decoding`` (when streaming: the final usage chunk, sent when the client asks
+for ``stream_options.include_usage``) and joins them to the plugin's records. Every message is passed on before
+it is looked at, so a response is never delayed; text is never kept.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import hmac
 import json
+import os
+import sys
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+from urllib.parse import parse_qs
 
-from specscope.collectors import vllm_reader
+from specscope.collectors import vllm_hook, vllm_reader
 from specscope.hub import Hub, default_hub
+from specscope.model import encode
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -74,23 +87,69 @@ class _Reader:
         return body if isinstance(body, dict) else None
 
 
-class SpecscopeMiddleware:
-    """Records per-request speculative metrics from vLLM's OpenAI-compatible responses."""
+def _configured_keys(argv: list[str]) -> list[str]:
+    """The server's API keys as vLLM reads them: ``--api-key`` (repeatable), else ``VLLM_API_KEY``."""
+    keys = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--api-key"]
+    keys += [a.split("=", 1)[1] for a in argv if a.startswith("--api-key=")]
+    return [k for k in keys or [os.environ.get("VLLM_API_KEY", "")] if k]
 
-    def __init__(self, app: ASGIApp, hub: Hub | None = None) -> None:
+
+class _Guard:
+    """The server's own API-key check, found in the app chain below this middleware; else the configured keys."""
+
+    def __init__(self, app: Any, argv: list[str]) -> None:
+        self.verify: Callable[[Any], bool] | None = None
+        node, seen = app, 0
+        while node is not None and seen < 32:  # vLLM's AuthenticationMiddleware, where the server added one
+            check = getattr(node, "verify_token", None)
+            if callable(check) and hasattr(node, "api_tokens"):
+                self.verify = check
+                break
+            node, seen = getattr(node, "app", None), seen + 1
+        self.hashes = [hashlib.sha256(k.encode()).digest() for k in _configured_keys(argv)]
+
+    @property
+    def open(self) -> bool:
+        """True when the server has no API key: the endpoint is as open as the server."""
+        return self.verify is None and not self.hashes
+
+    def allows(self, scope: Scope) -> bool:
+        if self.open:
+            return True
+        if self.verify is not None:
+            from starlette.datastructures import Headers
+
+            return bool(self.verify(Headers(scope=scope)))
+        header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+        scheme, _, token = header.partition(" ")
+        digest = hashlib.sha256(token.encode()).digest()
+        return scheme.lower() == "bearer" and any(hmac.compare_digest(digest, h) for h in self.hashes)
+
+
+class SpecscopeMiddleware:
+    """Serves the hub's snapshot behind the server's API key; joins responses where vLLM could not be hooked."""
+
+    def __init__(self, app: ASGIApp, hub: Hub | None = None, argv: list[str] | None = None,
+                 join: bool | None = None) -> None:
+        """``argv``: the server's command line (its ``--api-key``); ``join``: record responses (default: when
+        the plugin could not hook vLLM's output processor)."""
         self.app = app
         self.hub = hub or default_hub()
-        self.hub.expect_request_parts(2)
+        self.guard = _Guard(app, sys.argv if argv is None else argv)
+        self.serve = os.environ.get("SPECSCOPE_SNAPSHOT", "on").lower() not in ("off", "0", "false", "no")
+        self.join = not vllm_hook.installed() if join is None else join
+        if self.join:
+            self.hub.expect_request_parts(2)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         path = scope.get("path", "")
-        if path == SNAPSHOT_PATH and scope.get("method") == "GET":
-            await self._snapshot(send)
+        if path == SNAPSHOT_PATH and self.serve and scope.get("method") == "GET":
+            await self._snapshot(scope, send)
             return
-        if path not in COMPLETION_PATHS:
+        if path not in COMPLETION_PATHS or not self.join:
             await self.app(scope, receive, send)
             return
         reader = _Reader()
@@ -124,13 +183,33 @@ class SpecscopeMiddleware:
         if steps is not None:
             self.hub.record_draft_positions(*steps)
 
-    async def _snapshot(self, send: Send) -> None:
-        payload = json.dumps(self.hub.snapshot().to_dict()).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
-            }
-        )
-        await send({"type": "http.response.body", "body": payload})
+    async def _snapshot(self, scope: Scope, send: Send) -> None:
+        if not self.guard.allows(scope):
+            await _respond(send, 401, b'{"error": "Unauthorized"}')
+            return
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        try:
+            since = int(query["since"][0]) if "since" in query else None
+        except ValueError:
+            await _respond(send, 400, b'{"error": "since takes a final_seq (an integer)"}')
+            return
+        try:
+            pieces = encode(self.hub.snapshot(), since)
+            first = next(pieces)
+        except Exception as exc:
+            self.hub.count_error("snapshot endpoint", exc)
+            await _respond(send, 500, json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
+            return
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json"), (b"cache-control", b"no-store")]})
+        await send({"type": "http.response.body", "body": first, "more_body": True})
+        for piece in pieces:
+            await asyncio.sleep(0)  # the event loop runs between pieces
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+
+async def _respond(send: Send, status: int, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})

@@ -12,11 +12,24 @@ import json
 import time
 import urllib.error
 import urllib.request
+from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Protocol
 
 from specscope.collectors.promtext import ParseError, Samples, parse
-from specscope.model import EngineInfo, GpuMemory, Histogram, KVCache, Snapshot, SpecCounts, Totals
+from specscope.merge import combine_kv
+from specscope.model import (
+    EngineInfo,
+    EngineView,
+    GpuMemory,
+    Histogram,
+    KVCache,
+    RequestRecord,
+    Snapshot,
+    SpecCounts,
+    Totals,
+)
 
 #: What a /metrics page cannot provide.
 METRICS_PAGE_UNAVAILABLE = ("requests", "gpu", "kv_tokens", "tokenizer", "cost_ratio", "window")
@@ -36,9 +49,9 @@ class Source(Protocol):
         ...
 
 
-def _get(url: str, timeout: float) -> str:
+def http_get(url: str, timeout: float, headers: dict[str, str] | None = None) -> str:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as resp:
             return str(resp.read().decode("utf-8", "replace"))
     except urllib.error.HTTPError as exc:
         raise SourceError(f"{url}: HTTP {exc.code}") from None
@@ -47,26 +60,54 @@ def _get(url: str, timeout: float) -> str:
         raise SourceError(f"{url}: {reason}") from None
 
 
-def _base(url: str) -> str:
+def base_url(url: str) -> str:
     if not url.startswith(("http://", "https://")):
         url = "http://" + url
     return url.rstrip("/")
 
 
 class EndpointSource:
-    """A specscope endpoint (``specscope.LLM`` exports, the plugin, or the middleware): the full snapshot."""
+    """A specscope endpoint (``specscope.LLM`` exports, the plugin, or the middleware).
 
-    def __init__(self, url: str, timeout: float = 2.0, name: str | None = None) -> None:
-        base = _base(url)
+    After the first fetch it asks only for the request records that became final since the last one it has
+    (``?since=``) and keeps the last ``max_requests`` itself, so a poll costs the server little whatever its
+    history. A restarted engine (its counters or records begin again) is read afresh. ``headers`` are sent
+    with every request (``Authorization: Bearer ...`` for a server started with ``--api-key``).
+    """
+
+    def __init__(self, url: str, timeout: float = 2.0, name: str | None = None, max_requests: int = 1000,
+                 headers: dict[str, str] | None = None) -> None:
+        base = base_url(url)
         self.url = base if base.endswith("/snapshot") else base + "/snapshot"
         self.name = name or base.removesuffix("/snapshot").removesuffix("/specscope")
         self.timeout = timeout
+        self.headers = headers or {}
+        self._requests: deque[RequestRecord] = deque(maxlen=max_requests)
+        self._cursor: int | None = None
+        self._started: float | None = None
 
     def fetch(self) -> Snapshot:
-        """GET /snapshot and rebuild the snapshot."""
-        text = _get(self.url, self.timeout)
+        """GET /snapshot (only what is new, after the first) and rebuild the full snapshot."""
+        incremental, snap = self._fetch(self._cursor)
+        if incremental and snap.started_at != self._started:  # the engine restarted: read it afresh
+            incremental, snap = self._fetch(None)
+        if not incremental:
+            self._requests.clear()
+            self._started = snap.started_at
+            if not any(r.final_seq for r in snap.requests):  # a server that does not number its records
+                self._cursor = None
+                return snap
+        self._requests.extend(sorted((r for r in snap.requests if r.final_seq > (self._cursor or 0)),
+                                     key=lambda r: r.final_seq))
+        self._cursor = max((r.final_seq for r in self._requests), default=0)
+        return replace(snap, requests=tuple(self._requests))
+
+    def _fetch(self, since: int | None) -> tuple[bool, Snapshot]:
+        url = self.url if since is None else f"{self.url}?since={since}"
+        text = http_get(url, self.timeout, self.headers)
         try:
-            return Snapshot.from_dict(json.loads(text))
+            doc = json.loads(text)
+            return isinstance(doc, dict) and "requests_since" in doc, Snapshot.from_dict(doc)
         except ValueError as exc:
             raise SourceError(f"{self.url}: not a specscope snapshot ({str(exc)[:80]})") from None
 
@@ -75,7 +116,7 @@ class MetricsSource:
     """An engine's Prometheus ``/metrics`` page, mapped into a snapshot by ``convert``."""
 
     def __init__(self, url: str, convert: Callable[[Samples, float], Snapshot], timeout: float = 2.0) -> None:
-        base = _base(url)
+        base = base_url(url)
         self.url = base if base.endswith("/metrics") else base + "/metrics"
         self.name = base.removesuffix("/metrics")
         self.convert = convert
@@ -83,7 +124,7 @@ class MetricsSource:
 
     def fetch(self) -> Snapshot:
         """GET /metrics and convert it."""
-        text = _get(self.url, self.timeout)
+        text = http_get(self.url, self.timeout)
         try:
             return self.convert(parse(text), time.time())
         except (ParseError, ValueError, KeyError, TypeError) as exc:
@@ -139,58 +180,94 @@ def _histogram(samples: Samples, name: str) -> Histogram | None:
     return Histogram(tuple(bounds), tuple(counts), _sum(samples, name + "_sum") or 0.0)
 
 
-def vllm_snapshot(samples: Samples, now: float) -> Snapshot:
-    """vLLM's ``/metrics`` (names ``vllm:*``, summed over engines) as a snapshot."""
-    if not any(name.startswith("vllm:") for name in samples):
-        raise ValueError("no vllm:* metrics on the page")
+def _engine_samples(samples: Samples, engine: str) -> Samples:
+    """The rows of one data-parallel engine (vLLM's ``engine`` label)."""
+    return {name: [(lb, v) for lb, v in rows if lb.get("engine") == engine] for name, rows in samples.items()}
+
+
+def _vllm_spec(samples: Samples) -> SpecCounts | None:
     per_pos: dict[int, float] = {}
     for labels, v in samples.get("vllm:spec_decode_num_accepted_tokens_per_pos_total", []):
         pos = int(labels.get("position", "0"))
         per_pos[pos] = per_pos.get(pos, 0.0) + v
     drafts = _sum(samples, "vllm:spec_decode_num_drafts_total")
-    k = max(per_pos) + 1 if per_pos else None
-    spec = None
-    if drafts is not None and k is not None:
-        spec = SpecCounts(
-            num_spec_tokens=k,
-            drafts=int(drafts),
-            draft_tokens=_int(samples, "vllm:spec_decode_num_draft_tokens_total"),
-            accepted=_int(samples, "vllm:spec_decode_num_accepted_tokens_total"),
-            accepted_per_pos=tuple(int(per_pos.get(i, 0)) for i in range(k)),
-        )
+    if drafts is None or not per_pos:
+        return None
+    k = max(per_pos) + 1
+    return SpecCounts(
+        num_spec_tokens=k,
+        drafts=int(drafts),
+        draft_tokens=_int(samples, "vllm:spec_decode_num_draft_tokens_total"),
+        accepted=_int(samples, "vllm:spec_decode_num_accepted_tokens_total"),
+        accepted_per_pos=tuple(int(per_pos.get(i, 0)) for i in range(k)),
+    )
+
+
+def _vllm_totals(samples: Samples, seconds: float) -> Totals:
+    return Totals(
+        seconds=seconds,
+        steps=_int(samples, "vllm:iteration_tokens_total_count"),
+        prompt_tokens=_int(samples, "vllm:prompt_tokens_total"),
+        generation_tokens=_int(samples, "vllm:generation_tokens_total"),
+        requests=_int(samples, "vllm:request_success_total"),
+        preemptions=_int(samples, "vllm:num_preemptions_total"),
+        prefix_cache_queries=_int(samples, "vllm:prefix_cache_queries_total"),
+        prefix_cache_hits=_int(samples, "vllm:prefix_cache_hits_total"),
+        spec=_vllm_spec(samples),
+    )
+
+
+def _optional_int(v: float | None) -> int | None:
+    return None if v is None else int(v)
+
+
+#: The ``vllm:*`` series :func:`vllm_snapshot` reads, and its histograms (``_bucket`` and ``_sum``), for sources
+#: that can ask for only these.
+VLLM_SERIES = ("cache_config_info", "generation_tokens_total", "iteration_tokens_total_count",
+               "kv_cache_usage_perc", "num_preemptions_total", "num_requests_running", "num_requests_waiting",
+               "prefix_cache_hits_total", "prefix_cache_queries_total", "prompt_tokens_total", "request_success_total",
+               "spec_decode_num_accepted_tokens_per_pos_total", "spec_decode_num_accepted_tokens_total",
+               "spec_decode_num_draft_tokens_total", "spec_decode_num_drafts_total")
+VLLM_HISTOGRAMS = ("e2e_request_latency_seconds", "time_to_first_token_seconds",
+                   "request_time_per_output_token_seconds")
+
+
+def vllm_snapshot(samples: Samples, now: float) -> Snapshot:
+    """vLLM's ``/metrics`` (names ``vllm:*``) as a snapshot: each data-parallel engine (its ``engine`` label) in
+    ``engines``, and their sums (KV-cache usage: the engines' mean, each having the same number of blocks)."""
+    if not any(name.startswith("vllm:") for name in samples):
+        raise ValueError("no vllm:* metrics on the page")
     started = _sum(samples, "process_start_time_seconds")
     started = min(started, now) if started else now
     block_size = _label_int(samples, "vllm:cache_config_info", "block_size")
     num_blocks = _label_int(samples, "vllm:cache_config_info", "num_gpu_blocks")
-    running = _sum(samples, "vllm:num_requests_running")
-    waiting = _sum(samples, "vllm:num_requests_waiting")
+    indexes = sorted({lb["engine"] for name, rows in samples.items() if name.startswith("vllm:")
+                      for lb, _ in rows if lb.get("engine", "").isdigit()}, key=int)
+    engines = []
+    for index in indexes:
+        one = _engine_samples(samples, index)
+        engines.append(EngineView(
+            index=int(index), lifetime=_vllm_totals(one, now - started), window=Totals(seconds=0.0),
+            running=_optional_int(_sum(one, "vllm:num_requests_running")),
+            waiting=_optional_int(_sum(one, "vllm:num_requests_waiting")),
+            kv=KVCache(block_size=block_size, num_blocks=num_blocks,
+                       block_usage=_sum(one, "vllm:kv_cache_usage_perc"))))
+    lifetime = _vllm_totals(samples, now - started)
+    k = lifetime.spec.num_spec_tokens if lifetime.spec else None
+    info = EngineInfo(server="vllm", model=_label(samples, "vllm:num_requests_running", "model_name"),
+                      method="speculative" if lifetime.spec else None, num_speculative_tokens=k,
+                      block_size=block_size, num_blocks=num_blocks)
     return Snapshot(
         time=now,
         started_at=started,
-        engine=EngineInfo(
-            engine="vllm",
-            model=_label(samples, "vllm:num_requests_running", "model_name"),
-            method="speculative" if spec else None,
-            num_speculative_tokens=k,
-            block_size=block_size,
-            num_blocks=num_blocks,
-        ),
-        lifetime=Totals(
-            seconds=now - started,
-            steps=_int(samples, "vllm:iteration_tokens_total_count"),
-            prompt_tokens=_int(samples, "vllm:prompt_tokens_total"),
-            generation_tokens=_int(samples, "vllm:generation_tokens_total"),
-            requests=_int(samples, "vllm:request_success_total"),
-            preemptions=_int(samples, "vllm:num_preemptions_total"),
-            prefix_cache_queries=_int(samples, "vllm:prefix_cache_queries_total"),
-            prefix_cache_hits=_int(samples, "vllm:prefix_cache_hits_total"),
-            spec=spec,
-        ),
+        engine=info,
+        lifetime=lifetime,
         window=Totals(seconds=0.0),
         window_seconds=0.0,
-        running=None if running is None else int(running),
-        waiting=None if waiting is None else int(waiting),
-        kv=KVCache(block_size=block_size, num_blocks=num_blocks, block_usage=_sum(samples, "vllm:kv_cache_usage_perc")),
+        running=_optional_int(_sum(samples, "vllm:num_requests_running")),
+        waiting=_optional_int(_sum(samples, "vllm:num_requests_waiting")),
+        kv=combine_kv(info, engines) if engines else KVCache(
+            block_size=block_size, num_blocks=num_blocks, block_usage=_sum(samples, "vllm:kv_cache_usage_perc")),
         gpu=GpuMemory(status="not reported by vLLM's /metrics"),
         requests=(),
         request_acceptance_rate=None,
@@ -199,6 +276,7 @@ def vllm_snapshot(samples: Samples, now: float) -> Snapshot:
         time_to_first_token=_histogram(samples, "vllm:time_to_first_token_seconds"),
         time_per_output_token=_histogram(samples, "vllm:request_time_per_output_token_seconds"),
         unavailable=METRICS_PAGE_UNAVAILABLE,
+        engines=tuple(engines),
     )
 
 
@@ -222,7 +300,7 @@ def sglang_snapshot(samples: Samples, now: float) -> Snapshot:
     return Snapshot(
         time=now,
         started_at=now,
-        engine=EngineInfo(engine="sglang", model=_label(samples, "sglang:num_running_reqs", "model_name"),
+        engine=EngineInfo(server="sglang", model=_label(samples, "sglang:num_running_reqs", "model_name"),
                           method="speculative" if reported else None),
         lifetime=Totals(seconds=0.0,
                         prompt_tokens=_int(samples, "sglang:prompt_tokens_total"),

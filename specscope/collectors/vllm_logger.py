@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import Any
 
 from vllm.v1.metrics.loggers import AggregateStatLoggerBase
 
-from specscope.collectors import vllm_reader
+from specscope.collectors import vllm_hook, vllm_reader
 from specscope.hub import Hub, default_hub
 
 log = logging.getLogger("specscope")
 _exports_started = False
+_version_checked = False
+_share: Any = None
 
 
 class SpecscopeStatLogger(AggregateStatLoggerBase):
@@ -30,6 +33,9 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
         self.target: Hub = type(self).hub or default_hub()
         self.vllm_config = vllm_config
         self.engine_indexes = list(engine_indexes or [0])
+        self._hook_failures = vllm_hook.failures
+        if vllm_hook.install():
+            self.target.expect_request_parts(1)  # the engine's own records are complete
         try:
             self.target.set_engine(vllm_reader.engine_info(vllm_config))
             self.target.set_cost_ratio(vllm_reader.cost_ratio(vllm_config))
@@ -49,7 +55,13 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
                 )
         except Exception as exc:
             self.target.count_error("stat logger init", exc)
-        if type(self).hub is None:
+        _check_version_once()
+        _check_tokenizers_in_background(self.target, vllm_config)
+        if type(self).hub is None:  # the vllm serve plugin: what specscope.LLM does for itself
+            from specscope.collectors import gpu_source
+
+            gpu_source.attach(self.target)
+            _share_once(self.target, vllm_config)
             _start_exports_once(self.target)
 
     @classmethod
@@ -66,17 +78,25 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
     ) -> None:
         """Called by vLLM after every engine step."""
         hub = self.target
+        missing: list[str] = []
         try:
-            hub.record_step(vllm_reader.read_step(scheduler_stats, iteration_stats))
+            hub.record_step(vllm_reader.read_step(scheduler_stats, iteration_stats, missing), engine_idx)
         except Exception as exc:
             hub.count_error("stat logger step", exc)
+        if missing:
+            hub.count_missing(missing)
         if iteration_stats is None or not getattr(iteration_stats, "finished_requests", None):
             return
         try:
-            for rid, fields in vllm_reader.finished_requests(iteration_stats):
-                hub.record_request(rid, **fields)
+            for fin in vllm_reader.finished_requests(iteration_stats):
+                hub.record_request(fin.request_id, engine=engine_idx, **fin.fields)
+                if fin.per_step is not None:
+                    hub.record_draft_positions(*fin.per_step)
         except Exception as exc:
             hub.count_error("stat logger requests", exc)
+        if vllm_hook.failures != self._hook_failures:
+            self._hook_failures = vllm_hook.failures
+            hub.count_error("request hook", RuntimeError("vLLM's request state changed shape"))
 
     def log_engine_initialized(self) -> None:
         """Re-read the configuration: the KV block count is known once the engine is up."""
@@ -86,12 +106,63 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
             self.target.count_error("stat logger init", exc)
 
 
+def _check_version_once() -> None:
+    """Warn once per process when vLLM is outside the releases specscope was checked against."""
+    global _version_checked
+    if _version_checked:
+        return
+    _version_checked = True
+    warning = vllm_reader.version_warning(vllm_reader.engine_version())
+    if warning:
+        log.warning("specscope: %s", warning)
+
+
+def _check_tokenizers_in_background(hub: Hub, vllm_config: Any) -> None:
+    """Compare the target's and the draft's tokenizers as the engine loaded them (names or directories), off the
+    engine's path; the verdict goes to the hub (and the alert rules). Skipped when the hub has one already."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is None or getattr(spec, "method", None) != "draft_model" or hub.tokenizer_status is not None:
+        return
+    target = getattr(getattr(vllm_config, "model_config", None), "tokenizer", None)
+    draft = getattr(getattr(spec, "draft_model_config", None), "tokenizer", None)
+    if not target or not draft:
+        return
+
+    from specscope.tokenizer_check import record_verdict
+
+    threading.Thread(target=record_verdict, args=(str(target), str(draft), hub), name="specscope-tokenizer-check",
+                     daemon=True).start()
+
+
+def _share_once(hub: Hub, vllm_config: Any) -> None:
+    """With several API-server processes (``--api-server-count``), share the hub's numbers between them."""
+    global _share
+    if _share is not None:
+        return
+    par = getattr(vllm_config, "parallel_config", None)
+    count = int(getattr(par, "_api_process_count", 1) or 1)
+    if count <= 1 and not os.environ.get("SPECSCOPE_SHARE_DIR"):
+        return
+    from specscope.share import ProcessShare
+
+    try:
+        _share = ProcessShare(hub, max(0, int(getattr(par, "_api_process_rank", 0) or 0)))
+    except OSError as exc:
+        hub.count_error("process share", exc)
+        return
+    hub.attach_share(_share)
+    if getattr(par, "_api_process_rank", 0) == 0:
+        log.info("specscope: %d API-server processes share their numbers through %s; each one's appear up to %.0f s "
+                 "late in the others'", count, _share.directory, 1.0)
+
+
 def _start_exports_once(hub: Hub) -> None:
-    """As a ``vllm serve`` plugin: start the exports the environment asks for, once per process."""
+    """As a ``vllm serve`` plugin: start the exports the environment asks for, once per process (and, with several
+    API-server processes, each export in one of them)."""
     global _exports_started
     if _exports_started:
         return
     _exports_started = True
     from specscope import exports
 
-    exports.from_env(hub)
+    exports.from_env(hub, lead=_share.lead if _share is not None else None)

@@ -9,13 +9,22 @@ disappears reads as absent, never as an exception in the engine's path.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from specscope.acceptance import rejections
+from specscope.collectors.vllm_hook import ATTRIBUTE as HOOK_ATTRIBUTE
 from specscope.counts import StepStats
 from specscope.diagnostics import cost_ratio_from_sizes
-from specscope.model import CostRatio, EngineInfo, EngineSetup
-from specscope.sizing import MODEL_FREE_METHODS, architecture, draft_size, model_size
+from specscope.model import CostRatio, DraftMemory, EngineInfo, EngineSetup
+from specscope.sizing import (
+    MODEL_FREE_METHODS,
+    architecture,
+    draft_kv_layers,
+    draft_size,
+    kv_elements_per_token,
+    model_size,
+)
 
 
 def engine_version() -> str | None:
@@ -94,7 +103,7 @@ def engine_info(vllm_config: Any) -> EngineInfo:
         schedule = tuple((int(a), int(b), int(c)) for a, b, c in
                          getattr(spec, "num_speculative_tokens_per_batch_size", None) or ())
     return EngineInfo(
-        engine="vllm",
+        server="vllm",
         engine_version=engine_version(),
         model=getattr(model_config, "served_model_name", None) or getattr(model_config, "model", None),
         draft_model=draft,
@@ -104,7 +113,38 @@ def engine_info(vllm_config: Any) -> EngineInfo:
         num_blocks=getattr(cache, "num_gpu_blocks", None),
         k_schedule=schedule,
         setup=engine_setup(vllm_config),
+        draft_memory=draft_memory(vllm_config),
     )
+
+
+_CACHE_DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1, "float16": 2, "half": 2,
+                      "bfloat16": 2, "float32": 4, "float": 4}
+
+
+def draft_memory(vllm_config: Any) -> DraftMemory | None:
+    """The draft's weights and KV layers in bytes, from the loaded configs and dtypes; None without a draft model
+    or where the configs or dtypes cannot be read. On CPU the KV cache has a fixed size
+    (``VLLM_CPU_KVCACHE_SPACE``), so there the draft's weights cost no blocks; on a GPU they come out of the
+    memory the KV cache is given."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    model_config = getattr(vllm_config, "model_config", None)
+    if spec is None or model_config is None:
+        return None
+    method = getattr(spec, "method", None)
+    draft_cfg = getattr(getattr(spec, "draft_model_config", None), "hf_config", None)
+    target_cfg = getattr(model_config, "hf_config", None)
+    size = draft_size(method, draft_cfg, target_cfg)
+    weight_bytes = getattr(getattr(model_config, "dtype", None), "itemsize", None)
+    cache_dtype = str(getattr(getattr(vllm_config, "cache_config", None), "cache_dtype", "auto"))
+    kv_bytes = weight_bytes if cache_dtype == "auto" else _CACHE_DTYPE_BYTES.get(cache_dtype)
+    target_kv = kv_elements_per_token(target_cfg) if target_cfg is not None else None
+    if size is None or not weight_bytes or not kv_bytes or not target_kv:
+        return None
+    layers = draft_kv_layers(method, draft_cfg)
+    draft_kv = (kv_elements_per_token(draft_cfg, layers) or 0) if layers else 0
+    on_cpu = getattr(getattr(vllm_config, "device_config", None), "device_type", None) == "cpu"
+    return DraftMemory(draft_weight_bytes=0 if on_cpu else size.weights * int(weight_bytes),
+                       target_kv_bytes_per_token=target_kv * kv_bytes, draft_kv_bytes_per_token=draft_kv * kv_bytes)
 
 
 def cost_ratio(vllm_config: Any) -> CostRatio | None:
@@ -118,41 +158,79 @@ def cost_ratio(vllm_config: Any) -> CostRatio | None:
     return cost_ratio_from_sizes(model_size(target_cfg), draft_size(method, draft_cfg, target_cfg), method)
 
 
-def read_step(scheduler_stats: Any, iteration_stats: Any) -> StepStats:
+#: The vLLM releases whose stats objects specscope was checked against (0.30 to 0.33 share the spec-decode
+#: metrics and their fields; 0.32 is tested here). Outside it, one warning at start; fields that went missing
+#: cost only themselves (see :func:`read_step`).
+SUPPORTED_VLLM = ">=0.30,<0.34"
+
+_MISSING = object()
+
+
+def _get(obj: Any, name: str, default: Any, missing: list[str] | None) -> Any:
+    """``obj.name``, or ``default`` with ``Type.name`` added to ``missing`` when vLLM no longer has it."""
+    value = getattr(obj, name, _MISSING)
+    if value is _MISSING:
+        if missing is not None:
+            missing.append(f"{type(obj).__name__}.{name}")
+        return default
+    return value
+
+
+def version_warning(version: str | None) -> str | None:
+    """Why this vLLM is not one specscope was checked against; None when it is (or cannot be told)."""
+    if not version:
+        return None
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        base = Version(Version(version).base_version)
+    except InvalidVersion:
+        return None
+    if base in SpecifierSet(SUPPORTED_VLLM):
+        return None
+    return (f"vLLM {version} is outside the releases specscope was checked against ({SUPPORTED_VLLM}); "
+            "numbers whose fields vLLM renamed will be missing (counted in the snapshot's health)")
+
+
+def read_step(scheduler_stats: Any, iteration_stats: Any, missing: list[str] | None = None) -> StepStats:
     """One engine step's numbers, as vLLM's own Prometheus logger counts them, plus its timing.
 
     A step is *pure decode* when no request finished its prefill in it and every request it ran produced tokens
     after a previous step's (equal inter-token intervals, all measured in the engine core): then that interval is
     the step's duration. A request in a chunked prefill produces nothing, so such steps are never pure decode.
+    Every field is read with a default: one that vLLM renamed is named in ``missing`` and costs only itself.
     """
     s = StepStats()
     if scheduler_stats is not None:
-        s.running = scheduler_stats.num_running_reqs
-        s.waiting = scheduler_stats.num_waiting_reqs + getattr(scheduler_stats, "num_skipped_waiting_reqs", 0)
-        s.kv_usage = scheduler_stats.kv_cache_usage
-        pcs = getattr(scheduler_stats, "prefix_cache_stats", None)
+        s.running = _get(scheduler_stats, "num_running_reqs", None, missing)
+        waiting = _get(scheduler_stats, "num_waiting_reqs", None, missing)
+        s.waiting = None if waiting is None else waiting + getattr(scheduler_stats, "num_skipped_waiting_reqs", 0)
+        s.kv_usage = _get(scheduler_stats, "kv_cache_usage", None, missing)
+        pcs = _get(scheduler_stats, "prefix_cache_stats", None, missing)
         if pcs is not None:
-            s.prefix_cache_queries = pcs.queries
-            s.prefix_cache_hits = pcs.hits
-        sds = getattr(scheduler_stats, "spec_decoding_stats", None)
+            s.prefix_cache_queries = _get(pcs, "queries", 0, missing)
+            s.prefix_cache_hits = _get(pcs, "hits", 0, missing)
+        sds = _get(scheduler_stats, "spec_decoding_stats", None, missing)
         if sds is not None:
-            s.num_spec_tokens = sds.num_spec_tokens
-            s.drafts = sds.num_drafts
-            s.draft_tokens = sds.num_draft_tokens
-            s.accepted = sds.num_accepted_tokens
-            s.accepted_per_pos = sds.num_accepted_tokens_per_pos
-            s.draft_tokens_per_pos = getattr(sds, "num_draft_tokens_per_pos", ())
+            s.num_spec_tokens = _get(sds, "num_spec_tokens", None, missing)
+            s.drafts = _get(sds, "num_drafts", 0, missing)
+            s.draft_tokens = _get(sds, "num_draft_tokens", 0, missing)
+            s.accepted = _get(sds, "num_accepted_tokens", 0, missing)
+            s.accepted_per_pos = _get(sds, "num_accepted_tokens_per_pos", (), missing)
+            s.draft_tokens_per_pos = _get(sds, "num_draft_tokens_per_pos", (), missing)
             s.rejections = rejections(s.drafts, s.accepted_per_pos, s.draft_tokens_per_pos)
     if iteration_stats is not None:
-        s.prompt_tokens = iteration_stats.num_prompt_tokens
-        s.generation_tokens = iteration_stats.num_generation_tokens
-        s.preemptions = getattr(iteration_stats, "num_preempted_reqs", 0)
-        finished = iteration_stats.finished_requests
+        s.prompt_tokens = _get(iteration_stats, "num_prompt_tokens", 0, missing)
+        s.generation_tokens = _get(iteration_stats, "num_generation_tokens", 0, missing)
+        s.preemptions = _get(iteration_stats, "num_preempted_reqs", 0, missing)
+        finished = _get(iteration_stats, "finished_requests", (), missing)
         s.finished = len(finished)
-        s.finished_tokens = sum(f.num_prompt_tokens + f.num_generation_tokens for f in finished)
+        s.finished_tokens = sum(_get(f, "num_prompt_tokens", 0, missing) + _get(f, "num_generation_tokens", 0, missing)
+                                for f in finished)
         if s.running is not None:
-            _time(s, getattr(iteration_stats, "inter_token_latencies_iter", None),
-                  getattr(iteration_stats, "time_to_first_tokens_iter", None))
+            _time(s, _get(iteration_stats, "inter_token_latencies_iter", None, missing),
+                  _get(iteration_stats, "time_to_first_tokens_iter", None, missing))
     return s
 
 
@@ -171,38 +249,55 @@ def _time(s: StepStats, itl: Any, ttft: Any) -> None:
             s.decode_s = lo
 
 
-def finished_requests(iteration_stats: Any) -> list[tuple[str, dict[str, Any]]]:
-    """``(request id, RequestRecord fields)`` for each request that finished in this step.
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """One request that finished in a step: its record fields, and its per-step draft counts when detailed."""
 
-    ``ttft_s`` here is the engine-side time to first token (queued + prefill); the wrapper replaces it with the
-    front end's measurement (arrival to first token) when it sees the request's output.
+    request_id: str
+    fields: dict[str, Any]
+    per_step: tuple[list[int], list[int]] | None = None
+    #: Whether the speculative numbers came with it (through the output-processor hook).
+    complete: bool = False
+
+
+def finished_requests(iteration_stats: Any) -> list[Finished]:
+    """Each request that finished in this step.
+
+    With the output-processor hook (:mod:`specscope.collectors.vllm_hook`) a record is complete: speculative
+    numbers, the front end's time to first token, and, for one of ``n > 1`` samples, an id of its own
+    (``<request id>#<index>``). Without it ``ttft_s`` is the engine-side time to first token (queued + prefill)
+    and the speculative numbers come from another source.
     """
     if iteration_stats is None:
         return []
     out = []
-    for f in iteration_stats.finished_requests:
+    for f in getattr(iteration_stats, "finished_requests", ()):
         rid = getattr(f, "request_id", None)
         if rid is None:
             continue
         reason = getattr(f, "finish_reason", None)
-        out.append(
-            (
-                str(rid),
-                {
-                    "finish_reason": str(reason).lower() if reason is not None else None,
-                    "prompt_tokens": f.num_prompt_tokens,
-                    "generation_tokens": f.num_generation_tokens,
-                    "cached_tokens": getattr(f, "num_cached_tokens", None),
-                    "preemptions": getattr(f, "num_preemptions", None),
-                    "e2e_s": f.e2e_latency,
-                    "tpot_s": getattr(f, "mean_time_per_output_token", None),
-                    "queued_s": getattr(f, "queued_time", None),
-                    "prefill_s": getattr(f, "prefill_time", None),
-                    "decode_s": getattr(f, "decode_time", None),
-                    "ttft_s": getattr(f, "queued_time", 0.0) + getattr(f, "prefill_time", 0.0),
-                },
-            )
-        )
+        fields: dict[str, Any] = {
+            "finish_reason": str(reason).lower() if reason is not None else None,
+            "prompt_tokens": getattr(f, "num_prompt_tokens", None),
+            "generation_tokens": getattr(f, "num_generation_tokens", None),
+            "cached_tokens": getattr(f, "num_cached_tokens", None),
+            "preemptions": getattr(f, "num_preemptions", None),
+            "e2e_s": getattr(f, "e2e_latency", None),
+            "tpot_s": getattr(f, "mean_time_per_output_token", None),
+            "queued_s": getattr(f, "queued_time", None),
+            "prefill_s": getattr(f, "prefill_time", None),
+            "decode_s": getattr(f, "decode_time", None),
+            "ttft_s": getattr(f, "queued_time", 0.0) + getattr(f, "prefill_time", 0.0),
+        }
+        extra = getattr(f, HOOK_ATTRIBUTE, None)
+        if extra is None:
+            out.append(Finished(str(rid), fields))
+            continue
+        index, metrics, ttft = extra
+        if ttft:
+            fields["ttft_s"] = ttft
+        fields.update(spec_fields(metrics))
+        out.append(Finished(str(rid) if index is None else f"{rid}#{index}", fields, per_step_counts(metrics), True))
     return out
 
 

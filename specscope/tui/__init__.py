@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from specscope.alerts.rules import Thresholds
@@ -21,12 +22,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a specscope endpoint (http://127.0.0.1:9464, or a server's /specscope)")
     p.add_argument("--vllm", action="append", default=[], metavar="URL", help="an unmodified vLLM server")
     p.add_argument("--sglang", action="append", default=[], metavar="URL", help="an SGLang server (--enable-metrics)")
+    p.add_argument("--prometheus", metavar="URL", help="a fleet from Prometheus-compatible storage: every replica "
+                   "whose vllm:* series it holds, one query per refresh")
+    p.add_argument("--selector", default="", metavar="LABELS",
+                   help='with --prometheus: label matchers, e.g. job="vllm",env=~"prod.*"')
     p.add_argument("--replay", metavar="FILE", help="play a recording made with --record")
     p.add_argument("--record", metavar="FILE", help="record every snapshot to FILE (JSON lines)")
     p.add_argument("--record-max-mb", type=float, default=100.0, help="stop recording at this size (default 100)")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between polls (default 1)")
     p.add_argument("--window", type=float, default=60.0, help="window length in seconds (default 60)")
     p.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for a target (default 2)")
+    p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"), metavar="KEY",
+                   help="the server's --api-key, for --url on a server's /specscope (default: $VLLM_API_KEY)")
     p.add_argument("--thresholds", help="JSON or YAML file of alert threshold overrides")
     p.add_argument("--baseline", metavar="FILE", help="the target's step times without speculation (specscope "
                    "calibrate): measures c and the K table for engines started without one")
@@ -34,15 +41,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="with --once: print it as JSON")
 
 
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """The header a server started with ``--api-key`` wants."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 def sources(args: argparse.Namespace) -> list[Source]:
     """The targets the arguments name; UsageError when there are none or they conflict."""
-    out: list[Source] = [EndpointSource(u, args.timeout) for u in args.url]
+    out: list[Source] = [EndpointSource(u, args.timeout, headers=auth_headers(args.api_key)) for u in args.url]
     out += [vllm_source(u, args.timeout) for u in args.vllm]
     out += [sglang_source(u, args.timeout) for u in args.sglang]
+    if args.selector and not args.prometheus:
+        raise UsageError("--selector goes with --prometheus")
+    if args.prometheus:
+        from specscope.collectors.prometheus_source import PrometheusFleet
+
+        try:
+            fleet = PrometheusFleet(args.prometheus, args.selector, args.timeout, max_age=args.interval / 2)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        out += fleet.sources()
     if args.replay and out:
-        raise UsageError("--replay plays a recording; it does not mix with --url, --vllm or --sglang")
+        raise UsageError("--replay plays a recording; it does not mix with --url, --vllm, --sglang or --prometheus")
     if not out and not args.replay:
-        raise UsageError("name a target: --url, --vllm, --sglang or --replay FILE (or run `specscope demo`)")
+        raise UsageError("name a target: --url, --vllm, --sglang, --prometheus or --replay FILE (or run `specscope "
+                         "demo`)")
     if args.interval <= 0 or args.window <= 0 or args.timeout <= 0 or args.record_max_mb <= 0:
         raise UsageError("--interval, --window, --timeout and --record-max-mb must be positive")
     if args.json and not args.once:

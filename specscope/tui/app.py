@@ -99,6 +99,7 @@ class TopApp(App[None]):
         self.on_start = on_start
         self.targets = targets
         self.current = targets[0]
+        self.engine: int | None = None  # one engine of the current target's data-parallel server, or all of them
         self.interval = interval
         self.window_s = window_s
         self.player = player
@@ -114,12 +115,13 @@ class TopApp(App[None]):
         self._rows_key: Any = None
         self._shown: dict[str, Any] = {}
         self._fleet_rows: list[str] = []
+        self._fleet_entries: list[tuple[Target, int | None]] = []
 
     # ----------------------------------------------------------------- layout
     def compose(self) -> ComposeResult:
         yield Static(id="header")
         with Vertical(id="fleet-box") as box:
-            box.display = len(self.targets) > 1
+            box.display = len(self.targets) > 1  # and when a target has several engines (see _draw_fleet)
             yield Static(view.fleet_header(), id="fleet-header")
             yield LineTable[str](str, id="fleet")
         with Horizontal(id="panels"):
@@ -170,9 +172,10 @@ class TopApp(App[None]):
         self.note = note
         self.refresh_view()
 
-    def select(self, name: str) -> None:
-        """Show the target called ``name``."""
+    def select(self, name: str, engine: int | None = None) -> None:
+        """Show the target called ``name`` (one of its data-parallel engines, with ``engine``)."""
         self.current = next((t for t in self.targets if t.name == name), self.current)
+        self.engine = engine
         self._rows_key = None
         self.refresh_view()
 
@@ -200,15 +203,21 @@ class TopApp(App[None]):
     def _draw(self) -> None:
         cur = self.current
         snap = cur.windowed(self.window_s)
+        engine = self.engine if snap is not None and any(e.index == self.engine for e in snap.engines) else None
+        if engine is not None and snap is not None:
+            snap = snap.for_engine(engine)
         compact = self.size.height < 32 or self.size.width < 100
         self.screen.set_class(compact, "compact")
-        self._update("#header", view.header(self.targets, cur, self.window_s, self._status(), compact))
+        status = self._status() + (f"  engine {engine}" if engine is not None else "")
+        self._update("#header", view.header(self.targets, cur, self.window_s, status, compact))
         self._update("#spec", view.spec_panel(snap, self.threshold, cur.series("acceptance"), compact=compact))
         self._update("#kv", view.kv_panel(snap, None if compact else cur.series("kv_usage")))
         self._update("#gpu", view.gpu_panel(snap))
-        self._update("#alerts", view.alerts_panel(self.alerts.get(cur.name, []), compact))
-        if len(self.targets) > 1:
-            self._draw_fleet()
+        alerts = self.alerts.get(cur.name, [])
+        if engine is not None:
+            alerts = [a for a in alerts if dict(a.labels).get("engine", str(engine)) == str(engine)]
+        self._update("#alerts", view.alerts_panel(alerts, compact))
+        self._draw_fleet()
         self._draw_requests(snap)
 
     def _update(self, selector: str, text: Any) -> None:
@@ -225,7 +234,21 @@ class TopApp(App[None]):
         panel.update(text, layout=not same_shape)
 
     def _draw_fleet(self) -> None:
-        rows = [view.fleet_row(t, len(self.alerts.get(t.name, []))) for t in self.targets]
+        """One row per target; under a data-parallel server, one row per engine."""
+        entries: list[tuple[Target, int | None]] = []
+        rows = []
+        for t in self.targets:
+            alerts = self.alerts.get(t.name, [])
+            entries.append((t, None))
+            rows.append(view.fleet_row(t, len(alerts)))
+            engines = t.snapshot.engines if t.snapshot is not None else ()
+            if len(engines) > 1:
+                for e in engines:
+                    entries.append((t, e.index))
+                    mine = sum(1 for a in alerts if dict(a.labels).get("engine") == str(e.index))
+                    rows.append(view.fleet_row(t, mine, e.index))
+        self._fleet_entries = entries
+        self.query_one("#fleet-box").display = len(entries) > 1
         if rows != self._fleet_rows:
             self._fleet_rows = rows
             self.query_one("#fleet", LineTable).set_records(rows)
@@ -330,9 +353,10 @@ class TopApp(App[None]):
         self.push_screen(HelpScreen())
 
     def on_line_table_selected(self, event: LineTable.Selected) -> None:
-        """Enter on a fleet row: show that engine below."""
-        if event.table.id == "fleet":
-            self.select(self.targets[event.index].name)
+        """Enter on a fleet row: show that target, or that engine of it, below."""
+        if event.table.id == "fleet" and event.index < len(self._fleet_entries):
+            target, engine = self._fleet_entries[event.index]
+            self.select(target.name, engine)
 
     def on_resize(self) -> None:
         """Re-lay the panels for the new size (compact under 100×32), once the app has taken it."""

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import IO, Any
 
 from specscope.collectors.scrape import SourceError
-from specscope.hub import Hub
 from specscope.model import RequestRecord, Snapshot
 
 #: Request rows a replayed target keeps, as the hub does by default.
@@ -37,11 +36,11 @@ class Recorder:
         """Add one snapshot of ``target``."""
         if self.full:
             return
-        # A record may still be waiting for its second part; it is written once that time has passed.
-        last, settled = self._last_seq.get(target, 0), snap.time - Hub.PENDING_TIMEOUT_S
-        new = [r for r in snap.requests if r.seq > last and r.finished_at <= settled]
+        # A record still waiting for its second part is written once it is final (final_seq > 0).
+        last = self._last_seq.get(target, 0)
+        new = sorted((r for r in snap.requests if r.final_seq > last), key=lambda r: r.final_seq)
         if new:
-            self._last_seq[target] = new[-1].seq
+            self._last_seq[target] = new[-1].final_seq
         d = dataclasses.asdict(dataclasses.replace(snap, requests=tuple(new)))
         line = json.dumps({"t": snap.time, "target": target, "snapshot": d}, separators=(",", ":")) + "\n"
         if self._written + len(line) > self.max_bytes:

@@ -30,6 +30,8 @@ class Point:
     time: float
     lifetime: Totals
     kv_usage: float | None
+    #: Each engine's lifetime counts, by engine index (data-parallel servers).
+    engines: dict[int, Totals]
 
 
 def minus(a: Totals, b: Totals) -> Totals:
@@ -77,8 +79,16 @@ def _minus_steps(a: StepProfile, b: StepProfile) -> StepProfile:
             continue
         mean = (t.steps * t.mean_s - o.steps * o.mean_s) / steps if steps > 0 else 0.0
         out.append(StepTime(t.batch_size, max(0, steps), mean, t.tokens - o.tokens, t.prefill_steps - o.prefill_steps,
-                            t.prefill_s - o.prefill_s))
+                            t.prefill_s - o.prefill_s, t.prefill_tokens - o.prefill_tokens,
+                            t.first_tokens - o.first_tokens))
     return StepProfile(tuple(out), a.source)
+
+
+def _since(now: Totals, then: Totals | None, fresh: bool) -> Totals:
+    """The counts since ``then`` (all of them for an engine that appeared since); empty on the first poll."""
+    if fresh:
+        return Totals(seconds=0.0, spec=SpecCounts(now.spec.num_spec_tokens) if now.spec else None)
+    return now if then is None else minus(now, then)
 
 
 class Target:
@@ -117,7 +127,8 @@ class Target:
             self.points.clear()  # the engine restarted: its counters began again
         self.snapshot, self.error = snap, None
         self.polls += 1
-        self.points.append(Point(snap.time, snap.lifetime, snap.kv.block_usage))
+        self.points.append(Point(snap.time, snap.lifetime, snap.kv.block_usage,
+                                 {e.index: e.lifetime for e in snap.engines}))
 
     def reset(self) -> None:
         """Start the window afresh from the latest poll."""
@@ -138,9 +149,11 @@ class Target:
             if snap.time - p.time > seconds:
                 break
             start = p
-        window = minus(snap.lifetime, start.lifetime) if start is not self.points[-1] else Totals(
-            seconds=0.0, spec=SpecCounts(snap.lifetime.spec.num_spec_tokens) if snap.lifetime.spec else None)
-        return replace(snap, window=window, window_seconds=seconds)
+        fresh = start is self.points[-1]
+        engines = tuple(replace(e, window=_since(e.lifetime, start.engines.get(e.index), fresh))
+                        for e in snap.engines)
+        return replace(snap, window=_since(snap.lifetime, start.lifetime, fresh), window_seconds=seconds,
+                       engines=engines)
 
     def evaluate(self, seconds: float) -> list[Alert]:
         """Pending and firing alerts on the windowed snapshot."""

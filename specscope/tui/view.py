@@ -76,7 +76,7 @@ def header(targets: list[Target], current: Target, window_s: float, status: str,
     t.append(f"  window {window_s:.0f}s  {status}\n")
     if snap is not None:
         e = snap.engine
-        t.append(f"{e.engine} {e.engine_version or ''} model {short(e.model)} draft {short(e.draft_model)} "
+        t.append(f"{e.server} {e.engine_version or ''} model {short(e.model)} draft {short(e.draft_model)} "
                  f"{e.method or 'no spec'} K={e.num_speculative_tokens or '-'} up {_duration(snap.uptime_s)}")
     if len(targets) > 1 and not compact:
         down = sum(1 for x in targets if x.error)
@@ -161,6 +161,8 @@ def kv_panel(snap: Snapshot | None, history: list[float] | None = None) -> Text:
         t.append(f"history {spark(history, 12, top=1.0)}\n")
     if _unavailable(snap, "kv_tokens"):
         t.append("tokens, fragmentation: n/a from /metrics\n")
+    elif kv.not_estimable:
+        t.append("tokens, fragmentation: n/a, shared prefix blocks\n")
     else:
         t.append(f"tokens {_bar(kv.token_usage, 12)} {percent(kv.token_usage)}\n")
         t.append(f"fragmentation {percent(kv.fragmentation)}\n")
@@ -188,6 +190,12 @@ def gpu_panel(snap: Snapshot | None) -> Text:
     share = snap.cost_ratio.draft_weight_share if snap.cost_ratio else None
     if share is not None:
         t.append(f"draft {percent(share)} / target {percent(1 - share)} of weights\n")
+    from specscope.diagnostics import draft_kv_cost
+
+    cost = draft_kv_cost(snap)
+    if cost is not None:
+        seqs = f", {cost.sequences:.0f} seqs" if cost.sequences is not None else ""
+        t.append(f"draft costs {cost.blocks:.0f} KV blocks ({percent(cost.share)}{seqs})\n")
     return t
 
 
@@ -275,16 +283,19 @@ def fleet_header() -> str:
     return _cells(tuple(label for label, _ in FLEET_COLUMNS), FLEET_COLUMNS)
 
 
-def fleet_row(target: Target, alerts: int) -> str:
-    """One engine's line in the fleet table."""
+def fleet_row(target: Target, alerts: int, engine: int | None = None) -> str:
+    """One target's line in the fleet table (or one engine's of its data-parallel server)."""
     snap = target.snapshot
     status = "DOWN" if target.error else ("ok" if snap else "wait")
     if snap is None:
         return _cells((target.name, status, "-", "-", "-", "-", "-", str(alerts)), FLEET_COLUMNS)
+    name = target.name
+    if engine is not None:
+        snap, name = snap.for_engine(engine, requests=False), f"  engine {engine}"
     w = snap.window.spec
     est = estimate(snap)
     return _cells((
-        target.name, status, short(snap.engine.model),
+        name, status, short(snap.engine.model),
         percent(w.acceptance_rate) if w else "no spec",
         f"{w.alpha:.2f}" if w and w.alpha is not None else "n/a",
         f"{est.expected_speedup:.2f}x" if est else "n/a",

@@ -49,20 +49,20 @@ def setup(window_s: float = 10, **thresholds: Any) -> tuple[Clock, Hub, Evaluato
 
 def test_weak_draft_goes_pending_firing_resolved_and_notifies_once_each() -> None:
     clock, hub, ev, rec = setup(weak_draft_for_s=5, keep_firing_for_s=15)
-    drafting(hub, accepted_per_draft=0)  # 240 draft tokens, none accepted
+    drafting(hub, accepted_per_draft=1)  # 240 draft tokens, 60 accepted: weak, not collapsed
     assert ev.evaluate() == [] and ev.active()[0].state == "pending"
     clock.t += 3
-    drafting(hub, 0)
+    drafting(hub, 1)
     assert ev.evaluate() == []
     clock.t += 3
-    drafting(hub, 0)
+    drafting(hub, 1)
     (fired,) = ev.evaluate()
     assert fired.state == "firing" and fired.rule == "SpecscopeWeakDraft"
     assert "0.0%" in fired.description and "alpha" in fired.description and "lower K" in fired.description
     assert dict(fired.labels)["model"] == "m"
     for _ in range(3):  # still weak: no repeated notification
         clock.t += 1
-        drafting(hub, 0)
+        drafting(hub, 1)
         assert ev.evaluate() == []
     clock.t += 11  # the weak window slides out; the draft is good now
     drafting(hub, 4)
@@ -78,7 +78,7 @@ def test_idle_or_short_lived_weakness_raises_nothing() -> None:
     clock, hub, ev, rec = setup(weak_draft_for_s=5)
     hub.record_step(StepStats(num_spec_tokens=4, drafts=2, draft_tokens=8, accepted=0, accepted_per_pos=[0] * 4))
     assert ev.evaluate() == [] and ev.active() == []  # 8 draft tokens: below the minimum, nothing pending
-    drafting(hub, 0)
+    drafting(hub, 1)
     ev.evaluate()
     assert ev.active()[0].state == "pending"
     clock.t += 11
@@ -100,7 +100,7 @@ def test_log_and_jsonl_notifiers(tmp_path: Path, caplog: Any) -> None:
     _clock, hub, ev, _ = setup(weak_draft_for_s=0)
     path = tmp_path / "alerts.jsonl"
     ev.notifiers = [LogNotifier(), JsonLinesNotifier(path)]
-    drafting(hub, 0)
+    drafting(hub, 1)
     with caplog.at_level(logging.INFO, logger="specscope.alerts"):
         ev.evaluate()
     rows = [json.loads(line) for line in path.read_text().splitlines()]
@@ -112,7 +112,7 @@ def test_log_and_jsonl_notifiers(tmp_path: Path, caplog: Any) -> None:
 def test_a_failing_notifier_is_counted_not_raised() -> None:
     _clock, hub, ev, _ = setup(weak_draft_for_s=0)
     ev.notifiers = [AlertmanagerNotifier("http://127.0.0.1:9", timeout_s=0.5)]
-    drafting(hub, 0)
+    drafting(hub, 1)
     assert len(ev.evaluate()) == 1
     assert dict(hub.snapshot().health.errors)["notifier AlertmanagerNotifier"] == 1
 
@@ -174,7 +174,7 @@ def test_webhook_reaches_a_real_alertmanager(tmp_path: Path) -> None:
             time.sleep(0.3)
         clock, hub, ev, _ = setup(weak_draft_for_s=0, keep_firing_for_s=0)
         ev.notifiers = [AlertmanagerNotifier(url)]
-        drafting(hub, 0)
+        drafting(hub, 1)
         ev.evaluate()
         alerts = httpx.get(f"{url}/api/v2/alerts", timeout=5).json()
         (a,) = alerts
@@ -190,3 +190,22 @@ def test_webhook_reaches_a_real_alertmanager(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+@pytest.mark.parametrize(("accepted_per_draft", "fires"), [
+    (0, {"SpecscopeAcceptanceCollapse"}),  # nothing accepted while drafting: collapse, not also weak
+    (1, {"SpecscopeWeakDraft"}),  # 25%: weak
+    (3, set()),  # 75%: healthy
+])
+def test_collapse_and_weak_draft_each_fire_on_their_own_fault(accepted_per_draft: int, fires: set[str]) -> None:
+    clock = Clock()
+    hub = Hub(window_s=10, clock=clock)
+    hub.set_engine(EngineInfo(model="m", draft_model="d", method="draft_model", num_speculative_tokens=4))
+    rules = [BY_RULE["SpecscopeAcceptanceCollapse"], BY_RULE["SpecscopeWeakDraft"]]
+    ev = Evaluator(hub, rules=rules, thresholds=Thresholds(window_s=10, weak_draft_for_s=0, collapse_for_s=0),
+                   clock=clock)
+    drafting(hub, accepted_per_draft)
+    fired = ev.evaluate()
+    assert {a.rule for a in fired} == fires
+    for alert in fired:  # the evidence is in the words
+        assert "tokens/step" in alert.description or "%" in alert.description

@@ -30,10 +30,17 @@ class FakeNvml:
     class NVMLError_DriverNotLoaded(NVMLError):
         pass
 
-    def __init__(self, devices: list[dict[str, Any]], init_error: Exception | None = None) -> None:
+    class NVMLError_FunctionNotFound(NVMLError):
+        pass
+
+    nvmlMemory_v2 = 0x02000028  # pynvml's version constant of the v2 struct
+
+    def __init__(self, devices: list[dict[str, Any]], init_error: Exception | None = None, v2: bool = True) -> None:
         self.devices = devices
         self.init_error = init_error
         self.inits = 0
+        self.v2 = v2
+        self.v2_calls = 0
 
     def nvmlInit(self) -> None:
         self.inits += 1
@@ -46,11 +53,19 @@ class FakeNvml:
     def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
         return i
 
-    def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
+    def nvmlDeviceGetMemoryInfo(self, h: int, version: int | None = None) -> Any:
+        """v1 counts the driver's reserved memory as used; v2 (nvmlDeviceGetMemoryInfo_v2) reports it apart."""
         d = self.devices[h]
         if d.get("lost"):
             raise self.NVMLError("GPU is lost")
-        return SimpleNamespace(used=d["used"], total=d["total"], free=d["total"] - d["used"])
+        reserved = d.get("reserved", 0)
+        if version is None:
+            return SimpleNamespace(used=d["used"] + reserved, total=d["total"], free=d["total"] - d["used"] - reserved)
+        if not self.v2:
+            raise self.NVMLError_FunctionNotFound("Function Not Found")
+        self.v2_calls += 1
+        return SimpleNamespace(version=version, used=d["used"], reserved=reserved, total=d["total"],
+                               free=d["total"] - d["used"] - reserved)
 
     def nvmlDeviceGetName(self, h: int) -> bytes:
         return self.devices[h]["name"].encode()  # older pynvml returns bytes
@@ -130,6 +145,48 @@ def test_hub_reports_gpu_memory_from_its_source() -> None:
     hub = Hub()
     hub.add_gpu_source("gpu", GpuCollector(nvml=FakeNvml([{"name": "G", "used": 1, "total": 2, "procs": []}])))
     assert hub.snapshot().gpu.devices[0].used_bytes == 1
+
+
+@pytest.mark.parametrize("v2", [True, False])
+def test_device_memory_as_nvidia_smi_reports_it(v2: bool) -> None:
+    idle = {"name": "NVIDIA H100", "used": 0, "reserved": 480 << 20, "total": 80 * GiB, "procs": []}
+    nvml = FakeNvml([idle], v2=v2)
+    collector = NvmlCollector(nvml)
+    for _ in range(2):
+        (dev,) = collector.collect().devices
+        # v2: an idle GPU reads 0 used, as nvidia-smi; a driver without v2 falls back to v1 (reserved included).
+        assert dev.used_bytes == (0 if v2 else 480 << 20)
+    assert nvml.v2_calls == (2 if v2 else 0)
+
+
+def fake_proc(root: Any, processes: dict[int, tuple[int, list[int]]]) -> Any:
+    """A /proc with ``{pid: (ppid, NSpid)}`` entries (stat and status files as the kernel writes them)."""
+    for pid, (ppid, nspid) in processes.items():
+        d = root / str(pid)
+        d.mkdir(parents=True)
+        (d / "stat").write_text(f"{pid} (python3 -m vllm) S {ppid} 1 1 0 -1\n")
+        ids = "\t".join(map(str, nspid))
+        (d / "status").write_text(f"Name:\tpython3\nNSpid:\t{ids}\nPPid:\t{ppid}\n")
+    return root
+
+
+def test_host_pids_are_mapped_through_nspid_in_a_container(tmp_path: Any) -> None:
+    from pathlib import Path
+
+    from specscope.collectors.nvml import namespace_pids
+
+    # Inside the container: the engine is PID 7, its worker PID 30.
+    container = fake_proc(Path(tmp_path / "proc"), {7: (1, [7]), 30: (7, [30])})
+    # The host's /proc, mounted into the container: host PIDs 41007 and 41030 are the container's 7 and 30.
+    host = fake_proc(Path(tmp_path / "host-proc"), {41007: (900, [41007, 7]), 41030: (41007, [41030, 30]),
+                                                    52000: (1, [52000])})
+    assert namespace_pids(host) == {41007: 7, 41030: 30}
+    nvml = FakeNvml([{"name": "NVIDIA H100", "used": 30 * GiB, "total": 80 * GiB,
+                      "procs": [(41030, 25 * GiB), (41007, 1 * GiB), (52000, 3 * GiB)]}])
+    mem = NvmlCollector(nvml, pid=7, proc=container, host_proc=host).collect()
+    assert {(p.pid, p.used_bytes, p.role) for p in mem.processes} == {(7, 1 * GiB, "self"), (30, 25 * GiB, "worker")}
+    # Without the host's /proc the host PIDs match nothing here: no process is claimed wrongly.
+    assert NvmlCollector(nvml, pid=7, proc=container).collect().processes == ()
 
 
 def test_descendants_reads_proc(child: int) -> None:

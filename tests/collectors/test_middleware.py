@@ -29,7 +29,8 @@ def app_sending(chunks: list[bytes], content_type: bytes, status: int = 200) -> 
     return app
 
 
-def call(mw: SpecscopeMiddleware, path: str, method: str = "POST") -> list[dict[str, Any]]:
+def call(mw: SpecscopeMiddleware, path: str, method: str = "POST", query: bytes = b"",
+         headers: list[tuple[bytes, bytes]] | None = None) -> list[dict[str, Any]]:
     sent: list[dict[str, Any]] = []
 
     async def receive() -> dict[str, Any]:
@@ -38,8 +39,19 @@ def call(mw: SpecscopeMiddleware, path: str, method: str = "POST") -> list[dict[
     async def send(m: Any) -> None:
         sent.append(m)
 
-    asyncio.run(mw({"type": "http", "path": path, "method": method, "headers": []}, receive, send))
+    scope = {"type": "http", "path": path, "method": method, "headers": headers or [], "query_string": query,
+             "root_path": ""}
+    asyncio.run(mw(scope, receive, send))
     return sent
+
+
+def body(sent: list[dict[str, Any]]) -> bytes:
+    return b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+
+def joining(app: Any, hub: Hub) -> SpecscopeMiddleware:
+    """The middleware as it runs where vLLM's output processor could not be hooked: it joins responses."""
+    return SpecscopeMiddleware(app, hub=hub, argv=[], join=True)
 
 
 def completion(rid: str, text: str = "hello") -> bytes:
@@ -58,7 +70,7 @@ def test_json_completion_is_recorded_and_joined_with_the_engine_record() -> None
     hub = Hub()
     hub.record_request("cmpl-1-0", e2e_s=0.5, generation_tokens=9)  # what the stat logger saw
     body = completion("cmpl-1")
-    mw = SpecscopeMiddleware(app_sending([body[:20], body[20:]], b"application/json"), hub=hub)
+    mw = joining(app_sending([body[:20], body[20:]], b"application/json"), hub)
     sent = call(mw, "/v1/completions")
     assert b"".join(m.get("body", b"") for m in sent) == body  # passed through untouched
     (rec,) = hub.snapshot().requests
@@ -80,7 +92,7 @@ def test_streaming_final_usage_chunk_split_across_messages() -> None:
     ]
     stream = b"".join(events)
     chunks = [stream[i : i + 37] for i in range(0, len(stream), 37)]
-    mw = SpecscopeMiddleware(app_sending(chunks, b"text/event-stream; charset=utf-8"), hub=hub)
+    mw = joining(app_sending(chunks, b"text/event-stream; charset=utf-8"), hub)
     call(mw, "/v1/chat/completions")
     (rec,) = hub.snapshot().requests
     assert rec.request_id == "chatcmpl-9"
@@ -89,9 +101,9 @@ def test_streaming_final_usage_chunk_split_across_messages() -> None:
 
 def test_errors_other_paths_and_garbage_are_passed_through_unrecorded() -> None:
     hub = Hub()
-    call(SpecscopeMiddleware(app_sending([completion("x")], b"application/json", 400), hub=hub), "/v1/completions")
-    call(SpecscopeMiddleware(app_sending([completion("y")], b"application/json"), hub=hub), "/v1/embeddings")
-    sent = call(SpecscopeMiddleware(app_sending([b"{not json"], b"application/json"), hub=hub), "/v1/completions")
+    call(joining(app_sending([completion("x")], b"application/json", 400), hub), "/v1/completions")
+    call(joining(app_sending([completion("y")], b"application/json"), hub), "/v1/embeddings")
+    sent = call(joining(app_sending([b"{not json"], b"application/json"), hub), "/v1/completions")
     assert sent[-1]["body"] == b"{not json"
     snap = hub.snapshot()
     assert snap.requests == ()
@@ -105,7 +117,105 @@ def test_snapshot_route_serves_json_without_calling_the_app() -> None:
     async def app(scope: Any, receive: Any, send: Any) -> None:
         raise AssertionError("the app must not see /specscope/snapshot")
 
-    sent = call(SpecscopeMiddleware(app, hub=hub), "/specscope/snapshot", method="GET")
+    sent = call(SpecscopeMiddleware(app, hub=hub, argv=[]), "/specscope/snapshot", method="GET")
     assert sent[0]["status"] == 200
-    data = json.loads(sent[1]["body"])
+    data = json.loads(body(sent))
     assert data["requests"][0]["request_id"] == "r"
+
+
+def test_with_the_hook_in_place_completions_pass_untouched_and_unrecorded() -> None:
+    hub = Hub()
+    sent = call(SpecscopeMiddleware(app_sending([completion("z")], b"application/json"), hub=hub, argv=[],
+                                    join=False), "/v1/completions")
+    assert body(sent) == completion("z") and hub.snapshot().requests == ()
+
+
+def guarded_app() -> Any:
+    from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 404, "headers": []})
+        await send({"type": "http.response.body", "body": b"not here"})
+
+    # vLLM's own check, as `vllm serve --api-key secret` puts it below the --middleware classes.
+    return AuthenticationMiddleware(app, tokens=["secret"])
+
+
+def test_the_snapshot_honours_the_servers_api_key() -> None:
+    hub = Hub()
+    hub.record_request("r", e2e_s=1.0)
+    mw = SpecscopeMiddleware(guarded_app(), hub=hub, argv=[])  # found in the app chain
+    assert call(mw, "/specscope/snapshot", "GET")[0]["status"] == 401
+    assert call(mw, "/specscope/snapshot", "GET", headers=[(b"authorization", b"Bearer nope")])[0]["status"] == 401
+    ok = call(mw, "/specscope/snapshot", "GET", headers=[(b"authorization", b"Bearer secret")])
+    assert ok[0]["status"] == 200 and json.loads(body(ok))["requests"][0]["request_id"] == "r"
+    assert b"request_id" not in body(call(mw, "/specscope/snapshot", "GET"))  # nothing leaks with the 401
+
+
+def test_keys_from_the_command_line_or_environment_when_the_chain_has_no_check(monkeypatch: Any) -> None:
+    hub = Hub()
+    app = app_sending([b"{}"], b"application/json")
+    for argv, env in ((["serve", "--api-key", "k1"], None), (["serve", "--api-key=k1"], None), ([], "k1")):
+        if env:
+            monkeypatch.setenv("VLLM_API_KEY", env)
+        mw = SpecscopeMiddleware(app, hub=hub, argv=argv)
+        assert call(mw, "/specscope/snapshot", "GET")[0]["status"] == 401, argv
+        assert call(mw, "/specscope/snapshot", "GET", headers=[(b"authorization", b"Bearer k1")])[0]["status"] == 200
+    monkeypatch.delenv("VLLM_API_KEY")
+    assert call(SpecscopeMiddleware(app, hub=hub, argv=[]), "/specscope/snapshot", "GET")[0]["status"] == 200
+
+
+def test_the_snapshot_can_be_turned_off(monkeypatch: Any) -> None:
+    monkeypatch.setenv("SPECSCOPE_SNAPSHOT", "off")
+    sent = call(SpecscopeMiddleware(guarded_app().app, hub=Hub(), argv=[]), "/specscope/snapshot", "GET")
+    assert sent[0]["status"] == 404  # the server's own answer: specscope serves nothing
+
+
+def test_since_returns_only_records_final_after_the_cursor() -> None:
+    hub = Hub()
+    for i in range(30):
+        hub.record_request(f"r{i}", e2e_s=1.0)
+    mw = SpecscopeMiddleware(app_sending([], b""), hub=hub, argv=[])
+    everything = json.loads(body(call(mw, "/specscope/snapshot", "GET")))
+    assert len(everything["requests"]) == 30 and "requests_since" not in everything
+    newer = json.loads(body(call(mw, "/specscope/snapshot", "GET", query=b"since=25")))
+    assert [r["request_id"] for r in newer["requests"]] == ["r25", "r26", "r27", "r28", "r29"]
+    assert newer["requests_since"] == 25 and newer["lifetime"]["requests"] == everything["lifetime"]["requests"]
+    assert call(mw, "/specscope/snapshot", "GET", query=b"since=x")[0]["status"] == 400
+
+
+def test_the_event_loop_runs_between_pieces_of_a_large_snapshot() -> None:
+    """1,000 records go out in pieces; a task on the same loop gets to run between them."""
+    hub = Hub()
+    for i in range(1000):
+        hub.record_request(f"r{i}", prompt_tokens=10, generation_tokens=20, e2e_s=1.0, spec_steps=5,
+                           draft_tokens=20, accepted_tokens=10, acceptance_histogram=(1, 1, 1, 1, 1))
+    mw = SpecscopeMiddleware(app_sending([], b""), hub=hub, argv=[])
+    ticks: list[int] = []
+    pieces: list[int] = []
+
+    async def main() -> None:
+        done = asyncio.Event()
+
+        async def ticker() -> None:
+            while not done.is_set():
+                ticks.append(len(pieces))
+                await asyncio.sleep(0)
+
+        async def send(m: Any) -> None:
+            if m["type"] == "http.response.body":
+                pieces.append(len(m.get("body", b"")))
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request"}
+
+        task = asyncio.create_task(ticker())
+        await mw({"type": "http", "path": "/specscope/snapshot", "method": "GET", "headers": [],
+                  "query_string": b""}, receive, send)
+        done.set()
+        await task
+
+    asyncio.run(main())
+    assert len(pieces) > 50  # 16 records a piece
+    # The ticker saw the response half-sent: the loop was free between pieces, not held for the whole encode.
+    assert len({t for t in ticks if 0 < t < len(pieces)}) > 40

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from specscope.collectors import vllm_reader
@@ -48,10 +50,11 @@ def test_read_step_counts_like_vllms_prometheus_logger() -> None:
 
 def test_finished_requests_and_spec_fields() -> None:
     _, it = make_stats()
-    ((rid, f),) = vllm_reader.finished_requests(it)
-    assert rid == "req-1"
+    (fin,) = vllm_reader.finished_requests(it)
+    f = fin.fields
+    assert fin.request_id == "req-1" and not fin.complete and fin.per_step is None
     assert f["finish_reason"] == "length" and f["cached_tokens"] == 16
-    assert f["ttft_s"] == pytest.approx(0.3) and f["tpot_s"] == 0.125
+    assert f["ttft_s"] == pytest.approx(0.3) and f["tpot_s"] == 0.125  # engine-side without the hook
     m = stats.RequestSpecDecodeMetrics.new(4)
     m.observe(num_draft_tokens=4, num_accepted=3)
     m.observe(num_draft_tokens=4, num_accepted=0)
@@ -59,6 +62,24 @@ def test_finished_requests_and_spec_fields() -> None:
         "num_spec_tokens": 4, "spec_steps": 2, "draft_tokens": 8, "accepted_tokens": 3,
         "acceptance_histogram": (1, 0, 0, 1, 0),
     }
+
+
+def test_the_output_processor_hook_completes_each_record_and_separates_n_samples() -> None:
+    """What the hook attaches to vLLM's FinishedRequestStats: speculative metrics, the front end's TTFT, and for
+    one of n samples (which share their request id) its index."""
+    from specscope.collectors.vllm_hook import ATTRIBUTE
+
+    _, it = make_stats()
+    child = stats.FinishedRequestStats(finish_reason="length", request_id="req-1", num_generation_tokens=5)
+    it.finished_requests.append(child)
+    m = stats.RequestSpecDecodeMetrics.new(4)
+    m.observe(num_draft_tokens=4, num_accepted=3, detailed=True)
+    setattr(it.finished_requests[0], ATTRIBUTE, (0, m, 0.042))
+    setattr(child, ATTRIBUTE, (1, None, None))
+    first, second = vllm_reader.finished_requests(it)
+    assert (first.request_id, second.request_id) == ("req-1#0", "req-1#1") and first.complete
+    assert first.fields["ttft_s"] == 0.042 and first.fields["accepted_tokens"] == 3
+    assert first.per_step == ([3], [4]) and second.per_step is None
 
 
 def test_stat_logger_feeds_the_hub_and_survives_garbage() -> None:
@@ -70,11 +91,16 @@ def test_stat_logger_feeds_the_hub_and_survives_garbage() -> None:
 
     logger = SpecscopeStatLogger.bound_to(hub)(Config(), [0])
     logger.record(scheduler_stats=sched, iteration_stats=it, mm_cache_stats=None, engine_idx=0)
-    logger.record(scheduler_stats=object(), iteration_stats=None)  # a future vLLM with other fields
+    logger.record(scheduler_stats=object(), iteration_stats=None)  # a future vLLM with nothing we know
+    wrong, _ = make_stats()
+    wrong.spec_decoding_stats.num_accepted_tokens_per_pos = 5  # a field of another type: that step is lost
+    logger.record(scheduler_stats=wrong, iteration_stats=None)
     snap = hub.snapshot()
     assert snap.lifetime.spec.accepted == 5 and snap.lifetime.requests == 1
     assert snap.requests[0].request_id == "req-1"
-    assert dict(snap.health.errors) == {"stat logger step": 1}
+    errors = dict(snap.health.errors)
+    assert errors.pop("stat logger step") == 1  # counted, and logged once
+    assert errors and all(k.startswith("vllm field object.") for k in errors)  # the unknown object: its fields
 
 
 def test_rejections_are_read_per_step() -> None:
@@ -127,3 +153,82 @@ def test_detailed_per_request_metrics_give_acceptance_by_output_position() -> No
     # Drafts made at output positions 1, 6, 11 (bin 0-15: 12 of 12 accepted), then 16 and 17 (bin 16-31: 1 of 8).
     assert pos.draft_tokens[:2] == (12, 8) and pos.accepted[:2] == (12, 1)
     assert pos.rates[0] == 1.0 and pos.rates[1] == pytest.approx(1 / 8) and pos.rates[2] is None
+
+
+def drifted(obj: object, drop: str, rename_to: str | None = None) -> object:
+    """A copy of a vLLM stats object, of a class with the same name, without ``drop`` (optionally renamed)."""
+    fields: dict[str, object] = {k: v for k, v in vars(obj).items() if k != drop}
+    computed = [k for k, v in vars(type(obj)).items() if isinstance(v, property) and k != drop]
+    fields |= {k: getattr(obj, k) for k in computed}  # computed fields, such as num_prompt_tokens
+    if rename_to:
+        fields[rename_to] = getattr(obj, drop)
+    return type(type(obj).__name__, (), fields)()
+
+
+@pytest.mark.parametrize(("which", "field", "lost"), [
+    ("scheduler", "kv_cache_usage", "kv_usage"),
+    ("scheduler", "num_running_reqs", "running"),
+    ("spec", "num_draft_tokens_per_pos", "draft_tokens_per_pos"),
+    ("spec", "num_accepted_tokens", "accepted"),
+    ("iteration", "num_generation_tokens", "generation_tokens"),
+])
+def test_a_renamed_field_costs_that_number_not_the_step(which: str, field: str, lost: str, caplog: Any) -> None:
+    """vLLM documents its stats as unstable: a field it renames is named once in the log and counted in the
+    snapshot's health, its number is unavailable, and everything else of the step is recorded."""
+    import logging
+
+    sched, it = make_stats()
+    whole = vllm_reader.read_step(*make_stats())
+    if which == "scheduler":
+        sched = drifted(sched, field, field + "_v2")
+    elif which == "spec":
+        sched.spec_decoding_stats = drifted(sched.spec_decoding_stats, field, field + "_v2")
+    else:
+        it = drifted(it, field, field + "_v2")
+    missing: list[str] = []
+    s = vllm_reader.read_step(sched, it, missing)
+    owner = {"scheduler": "SchedulerStats", "spec": "SpecDecodingStats", "iteration": "IterationStats"}[which]
+    assert missing == [f"{owner}.{field}"]
+    for name in ("running", "kv_usage", "drafts", "draft_tokens", "accepted", "generation_tokens", "finished",
+                 "prefix_cache_hits"):
+        if name != lost:
+            assert getattr(s, name) == getattr(whole, name), name
+    assert getattr(s, lost) in (None, 0, ())  # unavailable, not invented
+
+    hub = Hub()
+
+    class Config:
+        model_config = None
+
+    logger = SpecscopeStatLogger.bound_to(hub)(Config(), [0])
+    with caplog.at_level(logging.WARNING, logger="specscope"):
+        for _ in range(3):
+            sched, it = make_stats()
+            if which == "scheduler":
+                sched = drifted(sched, field)
+            elif which == "spec":
+                sched.spec_decoding_stats = drifted(sched.spec_decoding_stats, field)
+            else:
+                it = drifted(it, field)
+            logger.record(scheduler_stats=sched, iteration_stats=it)
+    snap = hub.snapshot()
+    assert dict(snap.health.errors) == {f"vllm field {owner}.{field}": 3}
+    assert len([r for r in caplog.records if field in r.getMessage()]) == 1
+    assert snap.lifetime.steps == 3 and snap.lifetime.requests == 3  # no step was dropped
+
+
+def test_versions_outside_the_checked_range_get_one_warning() -> None:
+    assert vllm_reader.version_warning("0.32.0") is None
+    assert vllm_reader.version_warning("0.33.1rc1") is None
+    assert vllm_reader.version_warning(None) is None
+    warning = vllm_reader.version_warning("0.35.0")
+    assert warning is not None and vllm_reader.SUPPORTED_VLLM in warning and "0.35.0" in warning
+    assert vllm_reader.version_warning("0.29.9") is not None
+
+
+def test_the_supported_range_is_declared_once_in_the_package_metadata() -> None:
+    from pathlib import Path
+
+    meta = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    (line,) = [x for x in meta.splitlines() if x.startswith("vllm = [")]
+    assert line.startswith(f'vllm = ["vllm{vllm_reader.SUPPORTED_VLLM}"]')

@@ -35,7 +35,8 @@ def test_same_size_other_tokenizer_runs_silently_in_vllm_and_is_flagged(tiny: An
         import httpx
 
         text = httpx.get(f"{endpoint.url}/metrics", timeout=10).text
-        assert 'specscope_tokenizer_mismatch_ratio{' in text and 'state="mismatch"} 1.0' in text
+        assert 'specscope_tokenizer_verdict{' in text and 'state="mismatch"} 1.0' in text
+        assert 'state="identical"} 0.0' in text and "specscope_tokenizer_overlap_ratio{" in text
     finally:
         endpoint.close()
 

@@ -14,7 +14,7 @@ from specscope.tui.state import Target
 RECORDING = Path(__file__).parent.parent / "fixtures" / "demo-recording.jsonl"
 #: The demo's alert settings (short waits), so the recording's alerts come alive.
 DEMO = Thresholds(weak_draft_min_draft_tokens=100, weak_draft_for_s=3, keep_firing_for_s=600,
-                  fragmentation_for_s=5, kv_pressure_for_s=5, gpu_memory_for_s=5, window_s=10)
+                  fragmentation_for_s=5, kv_pressure_for_s=5, collapse_for_s=5, divergence_for_s=5, window_s=10)
 
 
 def replay_app(seconds: float, only: str | None = None) -> TopApp:

@@ -30,7 +30,7 @@ def test_replay_rebuilds_what_was_recorded(tmp_path: Path) -> None:
     _, snaps = record(path, polls=6)
     lines = path.read_text().splitlines()
     assert len(lines) == 6
-    # Compact: each request is written once, when its second part can no longer come.
+    # Compact: each request is written once, when it is final (both parts in, or the second can no longer come).
     written = [r["request_id"] for line in lines for r in json.loads(line)["snapshot"]["requests"]]
     assert len(written) == len(set(written)) and written == sorted(written)
     player = Player(path)
@@ -42,8 +42,8 @@ def test_replay_rebuilds_what_was_recorded(tmp_path: Path) -> None:
     player.advance(1e6)
     last = src.fetch()
     assert last.lifetime == snaps[-1].lifetime and player.finished
-    settled = {r.request_id for r in snaps[-1].requests if r.finished_at <= snaps[-1].time - 2.0}
-    assert {r.request_id for r in last.requests} == settled
+    final = {r.request_id for r in snaps[-1].requests if r.final_seq}
+    assert {r.request_id for r in last.requests} == final
 
 
 def test_pause_speed_and_step(tmp_path: Path) -> None:

@@ -56,6 +56,23 @@ def test_vllm_page_maps_to_engine_counters() -> None:
     assert snap.requests == () and snap.kv.fragmentation is None  # unavailable, not zero
 
 
+def test_a_data_parallel_page_is_read_engine_by_engine() -> None:
+    """Two engines (vLLM's engine="0" and "1"): counters add up, each engine apart, KV usage averaged, not summed."""
+    lines = [x for x in (FIXTURES / "vllm_metrics.txt").read_text().splitlines()
+             if not x.startswith("vllm:kv_cache_usage_perc{")]
+    lines += [x.replace('engine="0"', 'engine="1"') for x in lines if 'engine="0"' in x]
+    lines += ['vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.6',
+              'vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.8']
+    samples = parse("\n".join(lines) + "\n")
+    snap = vllm_snapshot(samples, time.time())
+    zero, one = snap.engines
+    assert (zero.index, one.index) == (0, 1) and zero.lifetime == one.lifetime  # the same counts, each its own
+    assert snap.lifetime.spec.draft_tokens == 2 * zero.lifetime.spec.draft_tokens  # type: ignore[union-attr]
+    assert (zero.kv.block_usage, one.kv.block_usage) == (0.6, 0.8)
+    assert snap.kv.block_usage == pytest.approx(0.7)  # over 100% if they were added, as before
+    assert snap.kv.capacity_tokens == 2 * zero.kv.capacity_tokens  # type: ignore[operator]
+
+
 def test_sglang_page_reports_gauges_without_inventing_counts() -> None:
     page = "\n".join([
         "# TYPE sglang:spec_accept_length gauge",
@@ -68,7 +85,7 @@ def test_sglang_page_reports_gauges_without_inventing_counts() -> None:
         "",
     ])
     snap = sglang_snapshot(parse(page), 100.0)
-    assert snap.engine.engine == "sglang" and snap.engine.model == "qwen"
+    assert snap.engine.server == "sglang" and snap.engine.model == "qwen"
     assert dict(snap.reported) == {"acceptance_rate": 0.42, "mean_acceptance_length": 2.5}
     assert snap.lifetime.spec is None and "spec_counts" in snap.unavailable
     assert (snap.running, snap.waiting, snap.kv.block_usage) == (3, 1, 0.3)
@@ -133,6 +150,6 @@ def test_window_comes_from_the_history_of_polls() -> None:
     assert minus(w.lifetime, w.lifetime).generation_tokens == 0
     assert t.series("acceptance") == [0.0] and t.series("tokens_per_s") == [pytest.approx(40.0)]
     alerts = t.evaluate(60)
-    assert [a.rule for a in alerts] == ["SpecscopeWeakDraft"] and alerts[0].state == "pending"
+    assert [a.rule for a in alerts] == ["SpecscopeAcceptanceCollapse"] and alerts[0].state == "pending"
     t.reset()
     assert t.windowed(60).window.generation_tokens == 0  # type: ignore[union-attr]

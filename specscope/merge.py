@@ -1,0 +1,178 @@
+"""Several snapshots of one server as one: the API-server processes of ``vllm serve --api-server-count N``.
+
+vLLM hands each step's scheduler stats to one front end and each request's stats to the front end that owns the
+request, so every API-server process sees a disjoint share of the steps and requests. Counts, step times,
+histograms and the attribution sums add up; each engine's gauges (running, waiting, KV cache) are taken from
+the process that heard from that engine last; request records are the newest of all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from specscope.model import (
+    Attribution,
+    EngineInfo,
+    EngineView,
+    Health,
+    Histogram,
+    KVCache,
+    PositionAcceptance,
+    Snapshot,
+    SpecCounts,
+    StepProfile,
+    StepTime,
+    Totals,
+)
+
+
+def _add_seq(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
+    n = max(len(a), len(b))
+    return tuple((a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n))
+
+
+def add_spec(a: SpecCounts | None, b: SpecCounts | None) -> SpecCounts | None:
+    """The sum of two intervals' speculative counts."""
+    if a is None or b is None:
+        return a or b
+    rejections = None if a.rejections is None or b.rejections is None else a.rejections + b.rejections
+    return SpecCounts(max(a.num_spec_tokens, b.num_spec_tokens), a.drafts + b.drafts, a.draft_tokens + b.draft_tokens,
+                      a.accepted + b.accepted, _add_seq(a.accepted_per_pos, b.accepted_per_pos),
+                      _add_seq(a.draft_tokens_per_pos, b.draft_tokens_per_pos), rejections)
+
+
+def add_steps(a: StepProfile, b: StepProfile) -> StepProfile:
+    """Step times of two intervals by batch size (means weighted by steps)."""
+    rows: dict[int, StepTime] = {t.batch_size: t for t in a.times}
+    for t in b.times:
+        o = rows.get(t.batch_size)
+        if o is None:
+            rows[t.batch_size] = t
+            continue
+        steps = o.steps + t.steps
+        mean = (o.steps * o.mean_s + t.steps * t.mean_s) / steps if steps else 0.0
+        rows[t.batch_size] = StepTime(t.batch_size, steps, mean, o.tokens + t.tokens, o.prefill_steps + t.prefill_steps,
+                                      o.prefill_s + t.prefill_s, o.prefill_tokens + t.prefill_tokens,
+                                      o.first_tokens + t.first_tokens)
+    return StepProfile(tuple(rows[b] for b in sorted(rows)), a.source)
+
+
+def add_totals(a: Totals, b: Totals) -> Totals:
+    """Two processes' counts over the same interval."""
+    return Totals(
+        seconds=max(a.seconds, b.seconds),
+        steps=a.steps + b.steps,
+        prompt_tokens=a.prompt_tokens + b.prompt_tokens,
+        generation_tokens=a.generation_tokens + b.generation_tokens,
+        requests=a.requests + b.requests,
+        preemptions=a.preemptions + b.preemptions,
+        prefix_cache_queries=a.prefix_cache_queries + b.prefix_cache_queries,
+        prefix_cache_hits=a.prefix_cache_hits + b.prefix_cache_hits,
+        spec=add_spec(a.spec, b.spec),
+        step_times=add_steps(a.step_times, b.step_times),
+        prefills=a.prefills + b.prefills,
+    )
+
+
+def _add_hist(a: Histogram | None, b: Histogram | None) -> Histogram | None:
+    if a is None or b is None or a.bounds != b.bounds:
+        return a or b
+    return Histogram(a.bounds, _add_seq(a.counts, b.counts), a.total + b.total)
+
+
+def _add_positions(a: PositionAcceptance | None, b: PositionAcceptance | None) -> PositionAcceptance | None:
+    if a is None or b is None or a.bounds != b.bounds:
+        return a or b
+    return PositionAcceptance(a.bounds, _add_seq(a.draft_tokens, b.draft_tokens), _add_seq(a.accepted, b.accepted))
+
+
+def _add_attribution(a: Attribution | None, b: Attribution | None) -> Attribution | None:
+    if a is None or b is None:
+        return a or b
+    return Attribution(a.requests + b.requests, a.spec_steps + b.spec_steps, a.draft_tokens + b.draft_tokens,
+                       a.accepted + b.accepted)
+
+
+def _add_health(a: Health, b: Health) -> Health:
+    errors: dict[str, int] = dict(a.errors)
+    for where, n in b.errors:
+        errors[where] = errors.get(where, 0) + n
+    return Health(tuple(sorted(errors.items())), a.dropped_records + b.dropped_records, a.last_error or b.last_error)
+
+
+def _merge_engines(snaps: Sequence[Snapshot]) -> tuple[EngineView, ...]:
+    out: dict[int, EngineView] = {}
+    for snap in snaps:
+        for e in snap.engines:
+            o = out.get(e.index)
+            if o is None:
+                out[e.index] = e
+                continue
+            newer = e if (e.updated_at or 0.0) >= (o.updated_at or 0.0) else o  # the gauges last reported
+            out[e.index] = replace(newer, lifetime=add_totals(o.lifetime, e.lifetime),
+                                   window=add_totals(o.window, e.window))
+    return tuple(out[i] for i in sorted(out))
+
+
+def combine_kv(info: EngineInfo, engines: Sequence[EngineView]) -> KVCache:
+    """The engines' KV caches as one: each engine has its own cache of ``info.num_blocks`` blocks (one of them the
+    null block); usage is the block-weighted mean, tokens add up, and the token estimate is withheld if any
+    engine's is."""
+    if len(engines) <= 1:
+        return engines[0].kv if engines else KVCache(block_size=info.block_size, num_blocks=info.num_blocks)
+    reporting = [e.kv for e in engines if e.kv.block_usage is not None]
+    blocks = info.num_blocks
+    if not reporting or not blocks:
+        return KVCache(block_size=info.block_size, num_blocks=blocks)
+    note = next((kv.not_estimable for kv in reporting if kv.not_estimable), None)
+    held = [kv.tokens_held for kv in reporting]
+    return KVCache(block_size=info.block_size, num_blocks=(blocks - 1) * len(reporting) + 1,
+                   block_usage=sum(kv.block_usage or 0.0 for kv in reporting) / len(reporting),
+                   tokens_held=None if note or None in held else sum(h or 0 for h in held), not_estimable=note)
+
+
+def merge(snaps: Sequence[Snapshot], max_requests: int = 1000) -> Snapshot:
+    """One snapshot of a server from its processes' snapshots (the first is this process's own, fresh one)."""
+    if len(snaps) == 1:
+        return snaps[0]
+    first = snaps[0]
+    life, window = first.lifetime, first.window
+    hists = [first.request_acceptance_rate, first.request_acceptance_length, first.request_duration,
+             first.time_to_first_token, first.time_per_output_token]
+    positions, attributed, health = first.acceptance_by_output_position, first.attributed, first.health
+    for s in snaps[1:]:
+        life, window = add_totals(life, s.lifetime), add_totals(window, s.window)
+        theirs = [s.request_acceptance_rate, s.request_acceptance_length, s.request_duration,
+                  s.time_to_first_token, s.time_per_output_token]
+        hists = [_add_hist(a, b) for a, b in zip(hists, theirs, strict=True)]
+        positions = _add_positions(positions, s.acceptance_by_output_position)
+        attributed = _add_attribution(attributed, s.attributed)
+        health = _add_health(health, s.health)
+    engines = _merge_engines(snaps)
+    requests = sorted((r for s in snaps for r in s.requests), key=lambda r: r.finished_at)[-max_requests:]
+    running = [e.running for e in engines if e.running is not None]
+    waiting = [e.waiting for e in engines if e.waiting is not None]
+    return replace(
+        first,
+        time=max(s.time for s in snaps),
+        started_at=min(s.started_at for s in snaps),
+        lifetime=life,
+        window=window,
+        running=sum(running) if running else first.running,
+        waiting=sum(waiting) if waiting else first.waiting,
+        kv=combine_kv(first.engine, engines) if engines else first.kv,
+        requests=tuple(requests),
+        request_acceptance_rate=hists[0],
+        request_acceptance_length=hists[1],
+        request_duration=hists[2],
+        time_to_first_token=hists[3],
+        time_per_output_token=hists[4],
+        tokenizer=first.tokenizer or next((s.tokenizer for s in snaps if s.tokenizer), None),
+        cost_ratio=first.cost_ratio or next((s.cost_ratio for s in snaps if s.cost_ratio), None),
+        decode_batch=first.decode_batch or next((s.decode_batch for s in snaps if s.decode_batch), None),
+        acceptance_by_output_position=positions,
+        health=health,
+        engines=engines,
+        attributed=attributed,
+    )

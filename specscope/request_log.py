@@ -1,0 +1,150 @@
+"""The hub's request records: joined from their parts, numbered when final, bounded, and summed.
+
+A record may come in parts from several sources (the stat logger's engine timing, the server's response); it is
+*final* once every expected part is in, or after :data:`PENDING_TIMEOUT_S` without the rest. Final records get a
+``final_seq`` (the cursor incremental readers fetch by), feed the per-request histograms and the attribution sums,
+and go to the listeners. Only the last ``max_requests`` records are kept. Not thread-safe: the hub calls it under
+its lock.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from specscope.model import (
+    ACCEPTANCE_LENGTH_BOUNDS,
+    ACCEPTANCE_RATE_BOUNDS,
+    OUTPUT_POSITION_BOUNDS,
+    REQUEST_DURATION_BOUNDS,
+    TPOT_BOUNDS,
+    TTFT_BOUNDS,
+    Attribution,
+    Histogram,
+    PositionAcceptance,
+    RequestRecord,
+)
+
+#: Seconds a record waits for its other part before it is final as it is.
+PENDING_TIMEOUT_S = 2.0
+
+
+class _Hist:
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+
+    def observe(self, v: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, v)] += 1
+        self.total += v
+
+    def freeze(self) -> Histogram:
+        return Histogram(self.bounds, tuple(self.counts), self.total)
+
+
+class RequestLog:
+    """Request records: parts joined, final ones numbered and observed, the last ``max_requests`` kept."""
+
+    def __init__(self, max_requests: int) -> None:
+        self.max_requests = max_requests
+        self.parts_expected = 1
+        self.recent: OrderedDict[str, RequestRecord] = OrderedDict()
+        self._pending: OrderedDict[str, float] = OrderedDict()  # records waiting for a part, and since when
+        self._parts: dict[str, int] = {}
+        self._seq = 0
+        self._final_seq = 0
+        self.rate = _Hist(ACCEPTANCE_RATE_BOUNDS)
+        self.length = _Hist(ACCEPTANCE_LENGTH_BOUNDS)
+        self.e2e = _Hist(REQUEST_DURATION_BOUNDS)
+        self.ttft = _Hist(TTFT_BOUNDS)
+        self.tpot = _Hist(TPOT_BOUNDS)
+        self._attributed = [0, 0, 0, 0]  # requests, spec steps, draft tokens, accepted
+        self._positions = [[0, 0] for _ in range(len(OUTPUT_POSITION_BOUNDS) + 1)]  # [drafted, accepted]
+        self._positions_seen = False
+
+    def add_part(self, request_id: str, now: float, fields: dict[str, Any]) -> list[RequestRecord]:
+        """Add one source's part of a request; returns the records that became final."""
+        rec = self.recent.get(request_id)
+        if rec is None:
+            self._seq += 1
+            rec = RequestRecord(request_id=request_id, seq=self._seq, finished_at=now, **fields)
+            self.recent[request_id] = rec
+            while len(self.recent) > self.max_requests:
+                old, _ = self.recent.popitem(last=False)
+                self._parts.pop(old, None)
+                self._pending.pop(old, None)
+        else:
+            rec = replace(rec, **fields)
+            self.recent[request_id] = rec
+        parts = self._parts.get(request_id, 0) + 1
+        done = []
+        if parts >= self.parts_expected:
+            self._parts.pop(request_id, None)
+            self._pending.pop(request_id, None)
+            done.append(self._finalize(rec))
+        else:
+            self._parts[request_id] = parts
+            self._pending[request_id] = now
+        return done + self.release_expired(now)
+
+    def release_expired(self, now: float) -> list[RequestRecord]:
+        """Finalize the records that waited too long for their other part."""
+        out = []
+        while self._pending:
+            rid, t = next(iter(self._pending.items()))
+            if now - t < PENDING_TIMEOUT_S:
+                break
+            self._pending.popitem(last=False)
+            self._parts.pop(rid, None)
+            rec = self.recent.get(rid)
+            if rec is not None:
+                out.append(self._finalize(rec))
+        return out
+
+    def add_positions(self, per_step_accepted: Sequence[int], per_step_drafted: Sequence[int]) -> None:
+        """One finished request's per-step draft counts, binned by the output position each step drafted at."""
+        self._positions_seen = True
+        position = 1  # the first token comes from prefill
+        for accepted, drafted in zip(per_step_accepted, per_step_drafted, strict=False):
+            row = self._positions[bisect.bisect_right(OUTPUT_POSITION_BOUNDS, position)]
+            row[0] += drafted
+            row[1] += accepted
+            position += accepted + 1
+
+    def positions(self) -> PositionAcceptance | None:
+        """Acceptance by output position, once detailed per-request metrics came in."""
+        if not self._positions_seen:
+            return None
+        return PositionAcceptance(OUTPUT_POSITION_BOUNDS, tuple(d for d, _ in self._positions),
+                                  tuple(a for _, a in self._positions))
+
+    def attribution(self) -> Attribution:
+        """Speculative counts summed over every final record so far (not only the kept ones)."""
+        return Attribution(*self._attributed)
+
+    def _finalize(self, rec: RequestRecord) -> RequestRecord:
+        self._final_seq += 1
+        rec = replace(rec, final_seq=self._final_seq)
+        self.recent[rec.request_id] = rec
+        if rec.acceptance_rate is not None:
+            self.rate.observe(rec.acceptance_rate)
+        if rec.mean_acceptance_length is not None:
+            self.length.observe(rec.mean_acceptance_length)
+        if rec.e2e_s is not None:
+            self.e2e.observe(rec.e2e_s)
+        if rec.ttft_s is not None:
+            self.ttft.observe(rec.ttft_s)
+        if rec.tpot_s:
+            self.tpot.observe(rec.tpot_s)
+        att = self._attributed
+        att[0] += 1
+        att[1] += rec.spec_steps or 0
+        att[2] += rec.draft_tokens or 0
+        att[3] += rec.accepted_tokens or 0
+        return rec
