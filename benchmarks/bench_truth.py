@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import statistics
 import sys
@@ -161,7 +162,9 @@ def run_pair(name: str, models: dict[str, Path], rounds: int, measured_ks: tuple
     import specscope
 
     target, draft = (str(models[m]) for m in PAIRS[name])
-    plain = specscope.LLM(target, specscope_hub=specscope.Hub(), **ENGINE)
+    # The small family's models hold 512 positions, the deep family's 1024.
+    engine = {**ENGINE, "max_model_len": ENGINE["max_model_len"] if name.startswith("deep") else 512}
+    plain = specscope.LLM(target, specscope_hub=specscope.Hub(), **engine)
     cells: dict[int, dict[int, dict[str, Any]]] = {}
     from_k4: dict[int, tuple[float, ...]] = {}
     inputs: dict[int, dict[str, Any]] = {}
@@ -173,7 +176,7 @@ def run_pair(name: str, models: dict[str, Path], rounds: int, measured_ks: tuple
         i += 1
         spec_llm = specscope.LLM(target, specscope_hub=specscope.Hub(),
                                  speculative_config={"method": "draft_model", "model": draft,
-                                                     "num_speculative_tokens": k}, **ENGINE)
+                                                     "num_speculative_tokens": k}, **engine)
         for llm in (plain, spec_llm):  # warm-up
             for b in BATCHES:
                 llm.generate(PROMPTS[:b], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
@@ -275,12 +278,51 @@ def table(pairs: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+GOAL = ("|predicted/measured - 1| <= 10% in every cell; verdict right where measured is outside 0.95-1.05; "
+        "recommended K within 5% of the best K measured")
+
+
+def _int_keys(d: dict[str, Any]) -> dict[int, Any]:
+    return {int(k): v for k, v in d.items()}
+
+
+def merge_results(paths: list[str]) -> dict[str, Any]:
+    """Results of several runs (each a truth.json of some pairs and Ks) as one: cells of the same pair are joined,
+    a later run's cell replacing an earlier one's; the recommendation comes from the run that measured K=4."""
+    pairs: dict[str, dict[str, Any]] = {}
+    workloads, minutes = set(), 0.0
+    for path in paths:
+        doc = json.loads(Path(path).read_text())
+        workloads.add(doc["workload"])
+        minutes += doc.get("minutes", 0.0)
+        for name, p in doc["pairs"].items():
+            cells = {k: _int_keys(v) for k, v in _int_keys(p["cells"]).items()}
+            into = pairs.setdefault(name, {"target": p["target"], "draft": p["draft"], "cells": {},
+                                           "from_k4": {}, "recommended": {}, "inputs": {}})
+            into["cells"].update(cells)
+            into["inputs"].update(_int_keys(p.get("inputs", {})))
+            if p.get("recommended"):
+                into["recommended"] = _int_keys(p["recommended"])
+                into["from_k4"] = _int_keys(p.get("from_k4", {}))
+    return {"workload": " | ".join(sorted(workloads)), "pairs": pairs, "minutes": round(minutes, 1),
+            "merged_from": [Path(x).name for x in paths]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pairs", default=",".join(PAIRS))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--ks", default=",".join(map(str, KS)))
+    parser.add_argument("--merge", nargs="+", metavar="JSON", help="join earlier runs' results into truth.json")
     args = parser.parse_args()
+    if args.merge:
+        merged = merge_results(args.merge)
+        md = table(merged["pairs"])
+        (RESULTS / "truth.md").write_text(md)
+        print(md)
+        write("truth", {"workload": merged["workload"], "goal": GOAL, "summary": summarize(merged["pairs"]),
+                        "pairs": merged["pairs"], "minutes": merged["minutes"], "merged_from": merged["merged_from"]})
+        return
     from specscope import tiny_models
 
     models = tiny_models.build()
@@ -297,8 +339,7 @@ def main() -> None:
                     "throughput measured (plain and speculative alternating), then a prediction run (the plain "
                     "target calibrated as specscope calibrate does, the speculative engine run again into a hub of "
                     "its own)",
-        "goal": "|predicted/measured - 1| <= 10% in every cell; verdict right where measured is outside 0.95-1.05; "
-                "recommended K within 5% of the best K measured",
+        "goal": GOAL,
         "summary": summarize(pairs),
         "pairs": pairs,
         "minutes": round((time.monotonic() - t0) / 60, 1),

@@ -49,8 +49,11 @@ class Exports:
 
 
 def start(hub: Hub, *, prometheus_port: int | None = None, prometheus_host: str = DEFAULT_HOST,
-          otlp: bool | OtelConfig = False) -> Exports:
-    """Start the endpoint (when a port is given) and OTLP export (``True``: from ``OTEL_*``); raise on bad config."""
+          otlp: bool | OtelConfig = False, meter_provider: Any = None, tracer_provider: Any = None) -> Exports:
+    """Start the endpoint (when a port is given) and OTLP export (``True``: from ``OTEL_*``); raise on bad config.
+
+    With ``otlp``, ``meter_provider`` / ``tracer_provider`` (for example ``opentelemetry.metrics.
+    get_meter_provider()``) carry specscope's metrics and spans instead of providers of its own."""
     config = None
     if otlp:
         try:
@@ -64,7 +67,7 @@ def start(hub: Hub, *, prometheus_port: int | None = None, prometheus_host: str 
         except EndpointError as exc:
             raise ExportConfigError(str(exc)) from None
     if config is not None:
-        exports.otel = OtelExporter(hub, config)
+        exports.otel = OtelExporter(hub, config, meter_provider=meter_provider, tracer_provider=tracer_provider)
     return exports
 
 

@@ -237,6 +237,16 @@ class RequestRecord:
     final_seq: int = 0
     #: The data-parallel engine that served it (vLLM's ``engine`` label), where known.
     engine: int | None = None
+    #: ``chat`` or ``text_completion`` (GenAI's operation name), where the front end said which.
+    operation: str | None = None
+
+    @property
+    def operation_name(self) -> str:
+        """GenAI's ``gen_ai.operation.name``: the recorded one, else told by vLLM's server request ids (chat
+        completions are ``chatcmpl-...``), else ``text_completion``."""
+        if self.operation:
+            return self.operation
+        return "chat" if self.request_id.startswith("chatcmpl-") else "text_completion"
 
     @property
     def acceptance_rate(self) -> float | None:

@@ -145,9 +145,11 @@ class _Snapshots:
 class OtelExporter:
     """Exports a hub's catalogue metrics and request spans over OTLP; :meth:`shutdown` flushes and stops."""
 
-    def __init__(self, hub: Hub, config: OtelConfig | None = None, *, traces: bool = True) -> None:
-        from opentelemetry.sdk.metrics import MeterProvider
-        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    def __init__(self, hub: Hub, config: OtelConfig | None = None, *, traces: bool = True,
+                 meter_provider: Any = None, tracer_provider: Any = None) -> None:
+        """``meter_provider`` / ``tracer_provider``: the application's own (for example the global ones, or the
+        SDK's with in-memory readers in tests), used as given and left running by :meth:`shutdown`; without
+        them specscope builds its own, exporting over OTLP as ``config`` says."""
         from opentelemetry.sdk.resources import Resource
 
         self.hub = hub
@@ -155,15 +157,22 @@ class OtelExporter:
         self.enabled = not self.config.disabled
         self._tracer_provider: Any = None
         self._meter_provider: Any = None
+        self._owned: list[Any] = []
         if not self.enabled:
             return
         resource = Resource.create(resource_attributes(hub.engine, self.config.service_name))
-        metric_exporter, span_exporter = self._exporters(traces)
-        self._counted(metric_exporter, "otlp metrics export")
-        reader = PeriodicExportingMetricReader(metric_exporter,
-                                               export_interval_millis=self.config.export_interval_ms)
-        self._meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
-        meter = self._meter_provider.get_meter("specscope", __version__)
+        if meter_provider is None:
+            from opentelemetry.sdk.metrics import MeterProvider
+            from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+            metric_exporter = self._metric_exporter()
+            self._counted(metric_exporter, "otlp metrics export")
+            reader = PeriodicExportingMetricReader(metric_exporter,
+                                                   export_interval_millis=self.config.export_interval_ms)
+            meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
+            self._owned.append(meter_provider)
+        self._meter_provider = meter_provider
+        meter = meter_provider.get_meter("specscope", __version__)
         snapshots = _Snapshots(hub)
         self._histograms: list[tuple[catalogue.Metric, Any]] = []
         for m in catalogue.METRICS:
@@ -178,33 +187,44 @@ class OtelExporter:
                 "updowncounter": meter.create_observable_up_down_counter,
             }[m.kind]
             create(m.name, callbacks=[self._callback(m, snapshots)], unit=m.unit, description=m.description)
-        if span_exporter is not None:
-            from opentelemetry.sdk.trace import TracerProvider
-            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        if traces:
+            if tracer_provider is None:
+                from opentelemetry.sdk.trace import TracerProvider
+                from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-            self._counted(span_exporter, "otlp traces export")
-            self._tracer_provider = TracerProvider(resource=resource)
-            self._tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
-            self._tracer = self._tracer_provider.get_tracer("specscope", __version__)
+                span_exporter = self._span_exporter()
+                self._counted(span_exporter, "otlp traces export")
+                tracer_provider = TracerProvider(resource=resource)
+                tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
+                self._owned.append(tracer_provider)
+            self._tracer_provider = tracer_provider
+            self._tracer = tracer_provider.get_tracer("specscope", __version__)
         hub.add_listener(self._on_request)
 
-    def _exporters(self, traces: bool) -> tuple[Any, Any]:
+    def _metric_exporter(self) -> Any:
         c = self.config
         if c.protocol == "grpc":
             from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetrics
+
+            return GrpcMetrics(**self._grpc_args())
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetrics
+
+        return HttpMetrics(endpoint=f"{c.endpoint}/v1/metrics", headers=c.headers, timeout=c.timeout_s)
+
+    def _span_exporter(self) -> Any:
+        c = self.config
+        if c.protocol == "grpc":
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpans
 
-            target = urlsplit(c.endpoint).netloc
-            kw: dict[str, Any] = {"endpoint": target, "insecure": c.insecure, "headers": c.headers or None,
-                                  "timeout": c.timeout_s}
-            return GrpcMetrics(**kw), GrpcSpans(**kw) if traces else None
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetrics
+            return GrpcSpans(**self._grpc_args())
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpans
 
-        metrics = HttpMetrics(endpoint=f"{c.endpoint}/v1/metrics", headers=c.headers, timeout=c.timeout_s)
-        spans = HttpSpans(endpoint=f"{c.endpoint}/v1/traces", headers=c.headers, timeout=c.timeout_s) if traces \
-            else None
-        return metrics, spans
+        return HttpSpans(endpoint=f"{c.endpoint}/v1/traces", headers=c.headers, timeout=c.timeout_s)
+
+    def _grpc_args(self) -> dict[str, Any]:
+        c = self.config
+        return {"endpoint": urlsplit(c.endpoint).netloc, "insecure": c.insecure, "headers": c.headers or None,
+                "timeout": c.timeout_s}
 
     def _counted(self, exporter: Any, where: str) -> None:
         """Count failed exports in the hub's health (the SDK only logs them)."""
@@ -243,6 +263,7 @@ class OtelExporter:
         start_ns = end_ns - int((rec.e2e_s or 0.0) * 1e9)
         attrs: dict[str, Any] = {
             **catalogue.genai_attrs_of(info),
+            "gen_ai.operation.name": rec.operation_name,
             "gen_ai.response.id": rec.request_id,
             "specscope.draft_model": info.draft_model or "",
             "specscope.method": info.method or "",
@@ -260,21 +281,20 @@ class OtelExporter:
             ("specscope.spec_decode.acceptance_length", rec.mean_acceptance_length),
         )
         attrs.update({k: v for k, v in optional if v is not None})
-        span = self._tracer.start_span(f"text_completion {info.model or ''}".strip(), kind=SpanKind.SERVER,
+        span = self._tracer.start_span(f"{rec.operation_name} {info.model or ''}".strip(), kind=SpanKind.SERVER,
                                        attributes=attrs, start_time=start_ns)
         span.end(end_time=end_ns)
 
     def force_flush(self, timeout_ms: int = 10_000) -> None:
         """Export what is pending now (tests, shutdown)."""
-        if self._meter_provider is not None:
-            self._meter_provider.force_flush(timeout_ms)
-        if self._tracer_provider is not None:
-            self._tracer_provider.force_flush(timeout_ms)
+        for provider in (self._meter_provider, self._tracer_provider):
+            flush = getattr(provider, "force_flush", None)
+            if flush is not None:
+                flush(timeout_ms)
 
     def shutdown(self) -> None:
-        """Flush and stop the exporters."""
+        """Stop recording; flush and stop the providers specscope built (given ones are the application's)."""
         self.hub.remove_listener(self._on_request)
-        if self._meter_provider is not None:
-            self._meter_provider.shutdown()
-        if self._tracer_provider is not None:
-            self._tracer_provider.shutdown()
+        self.force_flush()
+        for provider in self._owned:
+            provider.shutdown()

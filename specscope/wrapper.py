@@ -35,7 +35,11 @@ def _record_output(hub: Hub, output: Any) -> None:
     """Record a finished output; never raises into the engine's loop."""
     try:
         if output.finished:
-            hub.record_request(str(output.request_id), **vllm_reader.output_fields(output))
+            fields = vllm_reader.output_fields(output)
+            operation = vllm_hook.OPERATION.get()
+            if operation:
+                fields["operation"] = operation
+            hub.record_request(str(output.request_id), **fields)
             for completion in getattr(output, "outputs", None) or ():
                 steps = vllm_reader.per_step_counts(getattr(completion, "spec_decode_metrics", None))
                 if steps is not None:
@@ -161,6 +165,14 @@ class LLM(vllm.LLM):
             kwargs["per_request_spec_decode_metrics"] = "detailed"
         super().__init__(model, **kwargs)
         self.specscope: Hub = instrument(self, hub, keep_vllm_loggers=keep_vllm_loggers)
+
+    def chat(self, *args: Any, **kwargs: Any) -> Any:
+        """``vllm.LLM.chat``; its requests are recorded as GenAI ``chat`` operations."""
+        token = vllm_hook.OPERATION.set("chat")
+        try:
+            return super().chat(*args, **kwargs)
+        finally:
+            vllm_hook.OPERATION.reset(token)
 
     def snapshot(self) -> Snapshot:
         """The hub's current snapshot."""

@@ -119,6 +119,39 @@ def test_every_catalogue_metric_and_every_request_span_arrives(receiver: Any) ->
     exporter.shutdown()
 
 
+def test_given_providers_get_the_metrics_and_spans_and_the_right_operation() -> None:
+    """The application's providers (here the SDK's with in-memory readers) are used as given and left running."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    hub = filled_hub()
+    reader, memory = InMemoryMetricReader(), InMemorySpanExporter()
+    meters, tracers = MeterProvider(metric_readers=[reader]), TracerProvider()
+    tracers.add_span_processor(SimpleSpanProcessor(memory))
+    from specscope import exports
+
+    running = exports.start(hub, otlp=resolve_config(endpoint="http://127.0.0.1:9", env={}), meter_provider=meters,
+                            tracer_provider=tracers)
+    fields = {"e2e_s": 0.5, "generation_tokens": 8}
+    hub.record_request("chatcmpl-abc", **fields)  # vLLM's server: a chat completion's id
+    hub.record_request("cmpl-def-0", **fields)  # a completion's
+    hub.record_request("7", operation="chat", **fields)  # offline LLM.chat, said by the wrapper
+    hub.wait_idle()
+    ops = {s.attributes["gen_ai.response.id"]: (s.name, s.attributes["gen_ai.operation.name"])
+           for s in memory.get_finished_spans() if s.attributes}
+    assert ops == {"chatcmpl-abc": ("chat tgt", "chat"), "cmpl-def-0": ("text_completion tgt", "text_completion"),
+                   "7": ("chat tgt", "chat")}
+    data = reader.get_metrics_data()
+    names = {m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+    assert {"specscope.spec_decode.acceptance_rate", "specscope.spec_decode.draft_tokens"} <= names
+    running.close()
+    tracers.get_tracer("app").start_span("after").end()  # the application's provider still runs
+    assert memory.get_finished_spans()[-1].name == "after"
+
+
 def test_collector_down_counts_failures_and_recovers() -> None:
     receiver = HttpReceiver()
     try:

@@ -12,6 +12,7 @@ engine's outputs (``specscope.LLM``) or the server's responses (the middleware) 
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 from collections.abc import Callable
@@ -21,6 +22,9 @@ log = logging.getLogger("specscope")
 
 #: The attribute set on vLLM's ``FinishedRequestStats``: ``(child index or None, spec metrics, front-end TTFT)``.
 ATTRIBUTE = "specscope"
+#: The GenAI operation (``chat``) of the requests an offline ``LLM`` call in this context runs; records made in
+#: the same thread (the stat logger's, or the outputs') carry it. Unset: told by the request id, or a completion.
+OPERATION: contextvars.ContextVar[str | None] = contextvars.ContextVar("specscope_operation", default=None)
 
 _lock = threading.Lock()
 _installed: bool | None = None

@@ -88,8 +88,10 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
         if iteration_stats is None or not getattr(iteration_stats, "finished_requests", None):
             return
         try:
+            operation = vllm_hook.OPERATION.get()
             for fin in vllm_reader.finished_requests(iteration_stats):
-                hub.record_request(fin.request_id, engine=engine_idx, **fin.fields)
+                fields = {**fin.fields, "operation": operation} if operation else fin.fields
+                hub.record_request(fin.request_id, engine=engine_idx, **fields)
                 if fin.per_step is not None:
                     hub.record_draft_positions(*fin.per_step)
         except Exception as exc:

@@ -198,6 +198,9 @@ def test_chat_is_recorded_like_generate(run: Any) -> None:
     assert snap.lifetime.requests == before + 1
     rec = next(r for r in snap.requests if r.request_id == outs[0].request_id)
     assert rec.generation_tokens == 16 and rec.draft_tokens and rec.acceptance_rate >= 0.9
+    assert rec.operation_name == "chat"  # GenAI's operation, for spans
+    llm.generate(PROMPTS[:1], greedy(4), use_tqdm=False)
+    assert hub.snapshot().requests[-1].operation_name == "text_completion"
 
 
 @pytest.mark.parametrize("run", ["copy", "noise2", "noise10", "independent"], indirect=True)
