@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from specscope import model
+from specscope.diagnostics import draft_kv_cost, estimate
 from specscope.model import TOKENIZER_VERDICTS, EngineInfo, Histogram, RequestRecord, Snapshot
 
 Kind = Literal["counter", "gauge", "updowncounter", "histogram"]
@@ -115,16 +116,8 @@ def _spec_value(interval: str, field: str) -> Callable[[Snapshot], Any]:
 
 
 def _speedup(snap: Snapshot, field: str) -> float | None:
-    from specscope.diagnostics import estimate
-
     est = estimate(snap)
     return None if est is None else float(getattr(est, field))
-
-
-def _draft_kv(snap: Snapshot) -> Any:
-    from specscope.diagnostics import draft_kv_cost
-
-    return draft_kv_cost(snap)
 
 
 def _one(value: Callable[[Snapshot], float | int | None]) -> Reader:
@@ -282,10 +275,10 @@ METRICS: tuple[Metric, ...] = (
            (*ENGINE_ATTRS, "state")),
     Metric("specscope.kv_cache.draft_blocks", "gauge", "{block}",
            "KV-cache blocks the target would have without the draft: its weights and its own KV layers.",
-           _one(lambda s: cost.blocks if (cost := _draft_kv(s)) else None)),
+           _one(lambda s: cost.blocks if (cost := draft_kv_cost(s)) else None)),
     Metric("specscope.kv_cache.draft_share", "gauge", "1",
            "Share of the target's would-be KV capacity that the draft's weights and KV layers take.",
-           _one(lambda s: cost.share if (cost := _draft_kv(s)) else None)),
+           _one(lambda s: cost.share if (cost := draft_kv_cost(s)) else None)),
     Metric("specscope.engine.preemptions", "counter", "{preemption}",
            "Requests preempted (KV blocks taken back, to be recomputed).",
            _one(lambda s: s.lifetime.preemptions)),

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from specscope.catalogue import BY_NAME
+from specscope.diagnostics import draft_kv_cost, estimate
 from specscope.model import Snapshot
 from specscope.summary import percent
 
@@ -158,28 +159,30 @@ def _divergence(s: Snapshot) -> float | None:
     return None if found is None else found[2] - found[1]
 
 
-def _draft_kv(s: Snapshot) -> Any:
-    from specscope.diagnostics import draft_kv_cost
-
-    return draft_kv_cost(s)
-
-
 def _verdict(s: Snapshot, verdict: str) -> float | None:
     """1 when the tokenizer check's verdict is ``verdict``, 0 otherwise; None before the check."""
     return None if s.tokenizer is None else float(s.tokenizer.verdict == verdict)
 
 
-def _estimate(s: Snapshot) -> Any:
-    from specscope.diagnostics import estimate
-
-    return estimate(s)
+def _tokenizer_rule(verdict: str, name: str, severity: str, *, summary: str, description: str,
+                    advice: str) -> Rule:
+    """A rule on one verdict of the start-up tokenizer check: fires at once while it holds, for the server."""
+    return Rule(
+        name=name, severity=severity, summary=summary, description=description,
+        value=lambda s: _verdict(s, verdict),
+        firing=lambda s, t: _verdict(s, verdict) == 1.0,
+        promql=lambda t: f'{_p("specscope.tokenizer.verdict")}{{state="{verdict}"}} == 1',
+        for_s=lambda t: 0.0,
+        advice=advice,
+        per_engine=False,
+    )
 
 
 def _not_paying(s: Snapshot, t: Thresholds) -> bool:
     w = s.window.spec
     if w is None or w.draft_tokens < t.weak_draft_min_draft_tokens:
         return False
-    est = _estimate(s)
+    est = estimate(s)
     return est is not None and not est.pays
 
 
@@ -255,7 +258,7 @@ RULES: tuple[Rule, ...] = (
         summary="Speculation is expected to be slower than plain decoding",
         description="Expected speedup is {value} (Leviathan et al.: alpha, K and the draft/target cost ratio c; "
                     "{speedup_detail}).",
-        value=lambda s: est.expected_speedup if (est := _estimate(s)) else None,
+        value=lambda s: est.expected_speedup if (est := estimate(s)) else None,
         firing=_not_paying,
         promql=lambda t: (
             f"{_p('specscope.spec_decode.expected_speedup')} < 1 and "
@@ -286,36 +289,24 @@ RULES: tuple[Rule, ...] = (
         threshold=lambda t: t.divergence,
         per_engine=False,
     ),
-    Rule(
-        name="SpecscopeTokenizerMismatch",
-        severity="critical",
+    _tokenizer_rule(
+        "mismatch", "SpecscopeTokenizerMismatch", "critical",
         summary="The draft's tokenizer does not match the target's",
         description="The start-up check found that tokens both vocabularies hold have other ids in the draft, or "
                     "probe texts encode differently: the draft proposes ids that mean other tokens, and "
                     "acceptance collapses or is silently low (vLLM compares only the configured vocabulary "
                     "size). Evidence: {tokenizer}; vocabulary overlap {overlap}.",
-        value=lambda s: _verdict(s, "mismatch"),
-        firing=lambda s, t: _verdict(s, "mismatch") == 1.0,
-        promql=lambda t: f'{_p("specscope.tokenizer.verdict")}{{state="mismatch"}} == 1',
-        for_s=lambda t: 0.0,
         advice="Use a draft trained with the target's tokenizer; `specscope check-tokenizers TARGET DRAFT` shows "
                "the tokens that differ.",
-        per_engine=False,
     ),
-    Rule(
-        name="SpecscopeTokenizerWarning",
-        severity="warning",
+    _tokenizer_rule(
+        "warning", "SpecscopeTokenizerWarning", "warning",
         summary="The draft's tokenizer differs from the target's, shared tokens keep their ids",
         description="The start-up check found tokens only one side has (added tokens, a vocabulary extended at "
                     "the end), or other special tokens or chat template; every shared token keeps its id. "
                     "Evidence: {tokenizer}; vocabulary overlap {overlap}: the draft can never propose the rest.",
-        value=lambda s: _verdict(s, "warning"),
-        firing=lambda s, t: _verdict(s, "warning") == 1.0,
-        promql=lambda t: f'{_p("specscope.tokenizer.verdict")}{{state="warning"}} == 1',
-        for_s=lambda t: 0.0,
         advice="Harmless when the target's extra tokens are rare in your traffic (tool calls, chat markers); "
                "otherwise give the draft the target's tokenizer. `specscope check-tokenizers` lists them.",
-        per_engine=False,
     ),
     Rule(
         name="SpecscopeKVCacheFragmentation",
@@ -358,8 +349,8 @@ RULES: tuple[Rule, ...] = (
         description="The draft's weights and its own KV layers take {value} of the KV capacity the target would "
                     "have without it: {draft_kv}. Block usage is {block_usage}: requests wait or are preempted "
                     "that the capacity would have held.",
-        value=lambda s: cost.share if (cost := _draft_kv(s)) else None,
-        firing=lambda s, t: ((cost := _draft_kv(s)) is not None and cost.share >= t.draft_kv_share
+        value=lambda s: cost.share if (cost := draft_kv_cost(s)) else None,
+        firing=lambda s, t: ((cost := draft_kv_cost(s)) is not None and cost.share >= t.draft_kv_share
                              and s.kv.block_usage is not None and s.kv.block_usage > t.kv_usage),
         promql=lambda t: (f"{_p('specscope.kv_cache.draft_share')} >= {t.draft_kv_share} and "
                           f"{_p('specscope.kv_cache.block_usage')} > {t.kv_usage}"),
@@ -387,8 +378,8 @@ def describe(rule: Rule, snap: Snapshot, t: Thresholds) -> tuple[str, str]:
         "per_position": ", ".join(percent(r) for r in w.per_position) if w else "n/a",
         "block_usage": percent(snap.kv.block_usage),
         "token_usage": percent(snap.kv.token_usage),
-        "speedup_detail": est.explain() if (est := _estimate(snap)) else "no estimate",
-        "draft_kv": cost.explain() if (cost := _draft_kv(snap)) else "n/a",
+        "speedup_detail": est.explain() if (est := estimate(snap)) else "no estimate",
+        "draft_kv": cost.explain() if (cost := draft_kv_cost(snap)) else "n/a",
         "tokenizer": "; ".join(snap.tokenizer.reasons) if snap.tokenizer and snap.tokenizer.reasons else "n/a",
         "overlap": percent(snap.tokenizer.overlap if snap.tokenizer else None),
         "collapse": f"{t.collapse_length:.2f}",

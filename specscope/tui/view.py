@@ -12,7 +12,14 @@ import json
 from rich.text import Text
 
 from specscope.alerts.evaluate import Alert
-from specscope.diagnostics import by_batch_line, by_batch_size, estimate, k_schedule, schedule_config
+from specscope.diagnostics import (
+    by_batch_line,
+    by_batch_size,
+    draft_kv_cost,
+    estimate,
+    k_schedule,
+    schedule_config,
+)
 from specscope.model import RequestRecord, Snapshot
 from specscope.summary import percent
 from specscope.tui.state import Target
@@ -190,8 +197,6 @@ def gpu_panel(snap: Snapshot | None) -> Text:
     share = snap.cost_ratio.draft_weight_share if snap.cost_ratio else None
     if share is not None:
         t.append(f"draft {percent(share)} / target {percent(1 - share)} of weights\n")
-    from specscope.diagnostics import draft_kv_cost
-
     cost = draft_kv_cost(snap)
     if cost is not None:
         seqs = f", {cost.sequences:.0f} seqs" if cost.sequences is not None else ""
