@@ -18,7 +18,7 @@ from specscope.endpoint import Endpoint, EndpointError
 from specscope.hub import Hub
 from specscope.model import Histogram
 from specscope.prometheus_export import label_name
-from tests.conftest import free_port
+from tests.conftest import start_prometheus
 from tests.test_otel_export import REQUESTS, filled_hub
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
@@ -129,17 +129,7 @@ def test_promtool_check_metrics_accepts_the_exposition(served: tuple[Hub, Endpoi
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="Debian's prometheus not installed")
 def test_real_prometheus_scrapes_the_snapshot_values(served: tuple[Hub, Endpoint], tmp_path: Path) -> None:
     hub, endpoint = served
-    target = endpoint.url.removeprefix("http://")
-    port = free_port()
-    (tmp_path / "prometheus.yml").write_text(
-        "global: {scrape_interval: 1s}\n"
-        f"scrape_configs:\n  - job_name: specscope\n    static_configs: [{{targets: ['{target}']}}]\n"
-    )
-    proc = subprocess.Popen(
-        ["timeout", "120", "prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
-         f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
+    prom, proc = start_prometheus({"specscope": endpoint.url.removeprefix("http://")}, tmp_path)
     try:
         want = expected(hub)
         queries = ["specscope_spec_decode_accepted_tokens_total", "specscope_spec_decode_acceptance_rate_ratio",
@@ -150,7 +140,7 @@ def test_real_prometheus_scrapes_the_snapshot_values(served: tuple[Hub, Endpoint
         while time.monotonic() < deadline and len(results) < len(queries):
             for q in queries:
                 try:
-                    r = httpx.get(f"http://127.0.0.1:{port}/api/v1/query", params={"query": q}, timeout=5).json()
+                    r = httpx.get(f"{prom}/api/v1/query", params={"query": q}, timeout=5).json()
                 except (httpx.HTTPError, ValueError):  # not up yet: refused, or 503 while starting
                     continue
                 if r.get("status") == "success" and r["data"]["result"]:
