@@ -123,15 +123,19 @@ def tokens_per_step(k: int, per_position: Sequence[float], a: float, draft_fract
     return 1.0 + draft_fraction * gained
 
 
-def end_to_end(decode_speedup: float, decode_speedup_now: float, prefill_per_decode: float) -> float:
-    """Speedup of the whole workload when prefill (the same with or without speculation) takes engine time too.
+def end_to_end(decode_speedup: float, decode_speedup_now: float, prefill_per_decode: float,
+               draft_prefill: float = 0.0) -> float:
+    """Speedup of the whole workload (at a K > 0) when prefill takes engine time too.
 
     ``prefill_per_decode`` is ρ = prefill seconds / decode seconds of a request at the running K, whose decode
     speedup is ``decode_speedup_now``. Without speculation the decode part would take ``decode_speedup_now``
-    times longer; at another K it takes 1/``decode_speedup`` of that.
+    times longer, and prefill 1/(1 + ``draft_prefill``) as long: a draft prefills every prompt too, at
+    ``draft_prefill`` times the target's cost per token. At another K decode takes 1/``decode_speedup`` of the
+    plain time; prefill stays as it is at the running K.
     """
     plain_decode = decode_speedup_now
-    return (prefill_per_decode + plain_decode) / (prefill_per_decode + plain_decode / decode_speedup)
+    plain_prefill = prefill_per_decode / (1.0 + draft_prefill)
+    return (plain_prefill + plain_decode) / (prefill_per_decode + plain_decode / decode_speedup)
 
 
 def best_k(speedup_at: Sequence[float]) -> tuple[int, float]:

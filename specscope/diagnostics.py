@@ -8,9 +8,10 @@ everything a speculative step costs beyond a plain one (K draft passes, verifyin
 rejection sampling). For other K, tokens per step follow the observed per-position acceptance, extended with the
 maximum-likelihood α (Leviathan et al. 2023), and cost 1 + K·c(b).
 
-Prefill is not sped up: when the engine spends time on prefill (ρ seconds per second of decode; the steps that
-carry prefill, less the decode work they also do), the end-to-end speedup of the workload is (ρ + s)/(ρ + s/s_K),
-where s is the decode speedup at the running K.
+Prefill is not sped up, and a draft prefills every prompt too: when the engine spends time on prefill (ρ seconds
+per second of decode; the steps that carry prefill, less the decode work they also do), the end-to-end speedup of
+the workload is (ρ/(1 + c_p) + s)/(ρ + s/s_K), where s is the decode speedup at the running K and c_p the draft's
+prefill cost per token relative to the target's (its parameters per token; 0 for n-gram and suffix lookup).
 
 Without a baseline c is estimated: from the two models' per-token parameters (decoding is memory-bound on GPUs),
 or, for n-gram and suffix lookup (no model), from a linear fit of the live step times over batch sizes (a
@@ -218,6 +219,15 @@ def _prefill_per_decode(snap: Snapshot, batch: int | None, tokens: float) -> flo
     return max(0.0, prefill_s) / decode_s if decode_s > 0 else 0.0
 
 
+def _draft_prefill(snap: Snapshot) -> float:
+    """The draft's prefill cost per token relative to the target's: it prefills every prompt too (a plain engine
+    does not). Its parameters per token against the target's; 0 for model-free methods or unknown sizes."""
+    sizes = snap.cost_ratio
+    if sizes is None or snap.engine.method in MODEL_FREE_METHODS or sizes.draft_params is None:
+        return 0.0
+    return sizes.value
+
+
 def _basis(cost: CostRatio, measured: bool) -> str:
     if measured:
         return "measured"
@@ -258,7 +268,7 @@ def estimate(snap: Snapshot, cost: CostRatio | None = None, batch_size: int | No
     if k < len(decode):
         decode[k] = decode_now
     rho = _prefill_per_decode(snap, batch, tokens)
-    by_k = tuple(acc.end_to_end(s, decode_now, rho) for s in decode)
+    by_k = (1.0, *(acc.end_to_end(s, decode_now, rho, _draft_prefill(snap)) for s in decode[1:]))
     return SpeedupEstimate(
         alpha=a, k=k, cost_ratio=cost.value, cost_basis=_basis(cost, measured is not None),
         cost_ratio_source=cost.source, tokens_per_step=tokens, tokens_observed=observed is not None,
@@ -439,3 +449,4 @@ def draft_kv_cost(snap: Snapshot) -> DraftKVCost | None:
         mean = sum(lengths) / len(lengths) if lengths else None
     return DraftKVCost(blocks=blocks, share=mem.capacity_share(kv.num_blocks, kv.block_size), mean_length=mean,
                        sequences=blocks * kv.block_size / mean if mean else None)
+

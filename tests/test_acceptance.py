@@ -92,7 +92,9 @@ def test_end_to_end_speedup_dilutes_decode_speedup_with_prefill() -> None:
     assert acc.end_to_end(2.0, 2.0, 0.0) == pytest.approx(2.0)
     # A request spends 1 s in prefill and 1 s in decode at 2x: without speculation it would take 1 + 2 = 3 s.
     assert acc.end_to_end(2.0, 2.0, 1.0) == pytest.approx(3 / 2)
-    assert acc.end_to_end(1.0, 2.0, 1.0) == pytest.approx(1.0)  # K = 0: plain decoding
+    assert acc.end_to_end(1.0, 2.0, 1.0) == pytest.approx(1.0)  # no decode gain: prefill alike, nothing gained
+    # A draft as costly as the target prefills the prompt too: plain prefill takes half the time.
+    assert acc.end_to_end(2.0, 2.0, 1.0, draft_prefill=1.0) == pytest.approx((0.5 + 2) / (1 + 1))
     assert acc.end_to_end(4.0, 2.0, 1.0) == pytest.approx(3 / 1.5)
 
 

@@ -186,9 +186,10 @@ def test_measured_estimate_uses_observed_tokens_and_step_times_by_batch_size(tmp
     decode_1 = tokens * 0.0036 / 0.008
     assert one.decode_speedup == pytest.approx(decode_1)
     assert one.cost_ratio == pytest.approx((0.008 / 0.0036 - 1) / 4) and one.measured
-    # At batch 1 a request's prefill took 4 ms and its decode 30 steps of 8 ms: rho = prefill / decode time.
+    # At batch 1 a request's prefill took 4 ms and its decode 30 steps of 8 ms: rho = prefill / decode time. The
+    # draft (as large as the target: c 1.0 from parameters) did half that prefill, which a plain engine would not.
     rho = 0.004 / (30 * 0.008)
-    assert one.expected_speedup == pytest.approx(acc.end_to_end(decode_1, decode_1, rho))
+    assert one.expected_speedup == pytest.approx((rho / 2 + decode_1) / (rho + 1))
     assert one.prefill_share == pytest.approx(rho / (1 + rho))
     assert sixteen.decode_speedup == pytest.approx(tokens * 0.0060 / 0.030) and not sixteen.pays
     assert "measured at batch 16: 30.0 ms per speculative step, 6.0 ms without speculation" in sixteen.explain()
