@@ -93,7 +93,7 @@ def test_rules_command_bad_thresholds_are_one_line_exit_2(tmp_path: Path) -> Non
         assert r.returncode == 2 and r.stderr.startswith("specscope: error: ") and r.stderr.count("\n") == 1, args
     r = subprocess.run([sys.executable, "-m", "specscope.cli", "rules", "--set", "weak_draft_acceptance=0.4"],
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and "specscope_spec_decode_acceptance_rate_ratio < 0.4" in r.stdout
+    assert r.returncode == 0 and "engine:specscope_spec_decode_acceptance_rate:rate1m < 0.4" in r.stdout
 
 
 def test_calibrate_bad_input_is_one_line_exit_2(tmp_path: Path) -> None:

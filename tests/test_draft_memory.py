@@ -1,4 +1,5 @@
-"""The draft's cost in KV capacity: bytes from configs, blocks by conservation of memory, the rule on pressure."""
+"""The draft's cost in KV capacity (bytes from configs, blocks by conservation of memory, the rule on pressure);
+torch's allocator holding idle memory on a full GPU."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from specscope.alerts.rules import BY_RULE, Thresholds
 from specscope.collectors.vllm_reader import draft_memory
 from specscope.diagnostics import draft_kv_cost
 from specscope.hub import Hub, StepStats
-from specscope.model import DraftMemory, EngineInfo
+from specscope.model import AllocatorStats, DraftMemory, EngineInfo, GpuDevice, GpuMemory
 
 GiB = 1 << 30
 
@@ -81,3 +82,34 @@ def test_the_rule_fires_only_when_a_costly_draft_meets_pressure(usage: float, dr
     if fires:  # the evidence: blocks, share and the sequences of the observed length they would hold
         assert f"the draft takes {cost.blocks:.0f} KV blocks (20.0% of the capacity)" in fired[0].description
         assert "concurrent sequences of" in fired[0].description
+
+
+@pytest.mark.parametrize(("reserved", "allocated", "used", "fires"), [
+    (30, 18, 0.96, True),  # 12 GiB (40%) idle on a full GPU
+    (30, 18, 0.50, False),  # as idle, with room on the GPU: the cache is doing its job
+    (30, 28, 0.96, False),  # 7% idle
+    (1, 0.2, 0.96, False),  # 80% idle, but 0.8 GiB
+])
+def test_allocator_fragmentation_fires_only_when_idle_memory_meets_a_full_gpu(reserved: float, allocated: float,
+                                                                              used: float, fires: bool) -> None:
+    gib = 1 << 30
+    hub = Hub()
+    memory = GpuMemory(status="ok", devices=(GpuDevice(0, "H100", int(used * 80 * gib), 80 * gib),),
+                       allocator=(AllocatorStats(0, int(allocated * gib), int(reserved * gib), 0),),
+                       allocator_status="ok")
+    hub.add_gpu_source("gpu", lambda: memory)
+    ev = Evaluator(hub, rules=[BY_RULE["SpecscopeAllocatorFragmentation"]], thresholds=Thresholds(allocator_for_s=0))
+    fired = ev.evaluate()
+    assert len(fired) == int(fires)
+    if fires:
+        assert "GPU 0: torch reserves 30.0 GiB, allocates 18.0 GiB: 12.0 GiB (40%) idle; device 96% used" in \
+            fired[0].description
+
+
+def test_allocator_fragmentation_is_quiet_without_torch_in_this_process() -> None:
+    hub = Hub()
+    memory = GpuMemory(status="ok", devices=(GpuDevice(0, "H100", int(0.99 * 80 * (1 << 30)), 80 * (1 << 30)),),
+                       allocator_status="torch not loaded in this process")
+    hub.add_gpu_source("gpu", lambda: memory)
+    ev = Evaluator(hub, rules=[BY_RULE["SpecscopeAllocatorFragmentation"]], thresholds=Thresholds(allocator_for_s=0))
+    assert ev.evaluate() == []

@@ -1,4 +1,5 @@
-"""The rules as Prometheus alerting rules: over specscope's names, or over raw ``vllm:*`` metrics."""
+"""The rules as Prometheus rule files: recording rules, then the alerting rules that read them, over specscope's
+exported names or over raw ``vllm:*`` metrics."""
 
 from __future__ import annotations
 
@@ -6,16 +7,13 @@ from typing import Any
 
 import yaml
 
+from specscope.alerts.recording import SPECSCOPE, VLLM, duration
 from specscope.alerts.rules import RULES, Thresholds, static_summary
 
 
-def _duration(seconds: float) -> str:
-    s = int(seconds)
-    return f"{s // 60}m" if s and s % 60 == 0 else f"{s}s"
-
-
 def rule_groups(thresholds: Thresholds | None = None, vllm_only: bool = False) -> dict[str, Any]:
-    """``{"groups": [...]}`` as Prometheus reads it. ``vllm_only``: the rules that raw vLLM metrics support."""
+    """``{"groups": [records, alerts]}`` as Prometheus reads it. ``vllm_only``: over raw vLLM metrics (the rules
+    they support)."""
     t = thresholds or Thresholds()
     rules = []
     for r in RULES:
@@ -24,15 +22,17 @@ def rule_groups(thresholds: Thresholds | None = None, vllm_only: bool = False) -
             continue
         rule: dict[str, Any] = {"alert": r.name, "expr": query(t)}
         if r.for_s(t):
-            rule["for"] = _duration(r.for_s(t))
+            rule["for"] = duration(r.for_s(t))
         if t.keep_firing_for_s:
-            rule["keep_firing_for"] = _duration(t.keep_firing_for_s)
+            rule["keep_firing_for"] = duration(t.keep_firing_for_s)
         rule["labels"] = {"severity": r.severity, "source": "specscope"}
         rule["annotations"] = {"summary": static_summary(r, t), "description": r.advice,
                                "runbook_url": r.runbook_url}
         rules.append(rule)
     name = "specscope-vllm" if vllm_only else "specscope"
-    return {"groups": [{"name": name, "interval": "15s", "rules": rules}]}
+    records = (VLLM if vllm_only else SPECSCOPE).rules(t.window_s)
+    return {"groups": [{"name": f"{name}-records", "interval": "15s", "rules": records},
+                       {"name": name, "interval": "15s", "rules": rules}]}
 
 
 def render(thresholds: Thresholds | None = None, vllm_only: bool = False) -> str:

@@ -13,8 +13,9 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from specscope.alerts.recording import ENGINE, SPECSCOPE, VLLM, Source, duration
 from specscope.catalogue import BY_NAME
-from specscope.diagnostics import draft_kv_cost, estimate
+from specscope.diagnostics import allocator_waste, draft_kv_cost, estimate
 from specscope.model import Snapshot
 from specscope.summary import percent
 
@@ -47,6 +48,11 @@ class Thresholds:
     kv_pressure_for_s: float = 120.0
     #: The draft's share of the would-be KV capacity worth an alert when blocks run short (above ``kv_usage``).
     draft_kv_share: float = 0.1
+    #: torch's allocator (in this process) holding this share of its reserved memory unallocated, at least
+    #: ``allocator_min_idle_bytes`` of it, on a GPU more than ``kv_usage`` full: fragmentation that costs memory.
+    allocator_fragmentation: float = 0.3
+    allocator_min_idle_bytes: float = float(1 << 30)
+    allocator_for_s: float = 300.0
     keep_firing_for_s: float = 60.0
     window_s: float = 60.0
 
@@ -57,7 +63,7 @@ class Thresholds:
             if not isinstance(v, int | float) or isinstance(v, bool) or v < 0:
                 raise RuleConfigError(f"threshold {f.name} must be a non-negative number, got {v!r}")
         for name in ("weak_draft_acceptance", "fragmentation", "fragmentation_min_block_usage", "kv_usage",
-                     "draft_kv_share", "divergence"):
+                     "draft_kv_share", "divergence", "allocator_fragmentation"):
             if getattr(self, name) > 1:
                 raise RuleConfigError(f"threshold {name} is a fraction between 0 and 1, got {getattr(self, name)}")
         if self.window_s <= 0:
@@ -187,24 +193,45 @@ def _not_paying(s: Snapshot, t: Thresholds) -> bool:
 
 
 def _window(t: Thresholds) -> str:
-    return f"{int(t.window_s)}s"
+    return duration(t.window_s)
 
 
-def _vllm_mean_length(t: Thresholds) -> str:
-    w = _window(t)
-    return (f"(1 + rate(vllm:spec_decode_num_accepted_tokens_total[{w}]) / "
-            f"rate(vllm:spec_decode_num_drafts_total[{w}]))")
+def _rec(source: Source, what: str, t: Thresholds, level: str = ENGINE) -> str:
+    """A recorded series (deploy/prometheus' recording rules) over the thresholds' window."""
+    return source.series(what, t.window_s, level)
 
 
-def _diverging_promql(rate: str, same: str, drafted: str, t: Thresholds) -> str:
-    """``rate`` (one series per engine) more than the threshold below its group's mean, in groups of two or more
-    drafting engines; ``same`` lists the labels that make a group (one server, or one model)."""
-    return (f"{rate} < on({same}) group_left() (avg by ({same}) ({rate}) - {t.divergence}) and on({same}) "
-            f"(count by ({same}) ({rate}) >= 2) and {drafted}")
+def _drafting_promql(source: Source, t: Thresholds) -> str:
+    """The engine drafted at least the minimum number of tokens over the window."""
+    return f"{_rec(source, 'draft_tokens', t)} * {t.window_s:g} >= {t.weak_draft_min_draft_tokens}"
 
 
-def _drafted_promql(metric: str, t: Thresholds) -> str:
-    return f"increase({metric}[{_window(t)}]) >= {t.weak_draft_min_draft_tokens}"
+def _weak_promql(source: Source, t: Thresholds) -> str:
+    return (f"{_rec(source, 'acceptance_rate', t)} < {t.weak_draft_acceptance} and "
+            f"{_rec(source, 'mean_acceptance_length', t)} > {t.collapse_length} and {_drafting_promql(source, t)}")
+
+
+def _collapse_promql(source: Source, t: Thresholds) -> str:
+    return f"{_rec(source, 'mean_acceptance_length', t)} <= {t.collapse_length} and {_drafting_promql(source, t)}"
+
+
+def _allocator_promql(t: Thresholds) -> str:
+    """Idle share of torch's reserved memory per GPU, on GPUs (same exporter, same ``hw_id``) above ``kv_usage``."""
+    m = _p("specscope.gpu.allocator.memory")
+    idle = f'({m}{{state="reserved"}} - ignoring(state) {m}{{state="allocated"}})'
+    used = f'{_p("hw.gpu.memory.usage")} / {_p("hw.gpu.memory.limit")}'
+    return (f'{idle} / ignoring(state) {m}{{state="reserved"}} > {t.allocator_fragmentation} and '
+            f"{idle} >= {t.allocator_min_idle_bytes:.0f} and on(job, instance, hw_id) ({used} > {t.kv_usage})")
+
+
+def _diverging_promql(source: Source, t: Thresholds) -> str:
+    """A drafting engine whose acceptance is more than the threshold below its model's fleet acceptance (all
+    engines serving the same model and draft), in fleets of two or more drafting engines."""
+    same = ", ".join(source.model_labels)
+    rate, drafting = _rec(source, "acceptance_rate", t), _drafting_promql(source, t)
+    fleet = _rec(source, "acceptance_rate", t, source.model_level)
+    return (f"{rate} < on({same}) group_left() ({fleet} - {t.divergence}) and on({same}) "
+            f"(count by ({same}) ({drafting}) >= 2) and {drafting}")
 
 
 RULES: tuple[Rule, ...] = (
@@ -217,15 +244,8 @@ RULES: tuple[Rule, ...] = (
                     "throws most draft tokens away.",
         value=lambda s: s.window.spec.acceptance_rate if s.window.spec else None,
         firing=_weak_draft,
-        promql=lambda t: (
-            f"{_p('specscope.spec_decode.acceptance_rate')} < {t.weak_draft_acceptance} and "
-            f"{_p('specscope.spec_decode.mean_acceptance_length')} > {t.collapse_length} and "
-            + _drafted_promql(_p("specscope.spec_decode.draft_tokens"), t)),
-        vllm_promql=lambda t: (
-            f"(rate(vllm:spec_decode_num_accepted_tokens_total[{_window(t)}]) / "
-            f"rate(vllm:spec_decode_num_draft_tokens_total[{_window(t)}])) < {t.weak_draft_acceptance} and "
-            f"{_vllm_mean_length(t)} > {t.collapse_length} and "
-            + _drafted_promql("vllm:spec_decode_num_draft_tokens_total", t)),
+        promql=lambda t: _weak_promql(SPECSCOPE, t),
+        vllm_promql=lambda t: _weak_promql(VLLM, t),
         for_s=lambda t: t.weak_draft_for_s,
         advice="Use a draft better matched to the target, lower K, or turn speculation off.",
         threshold=lambda t: t.weak_draft_acceptance,
@@ -241,12 +261,8 @@ RULES: tuple[Rule, ...] = (
                     "checkpoint.",
         value=lambda s: s.window.spec.acceptance_rate if s.window.spec else None,
         firing=_collapsed,
-        promql=lambda t: (
-            f"{_p('specscope.spec_decode.mean_acceptance_length')} <= {t.collapse_length} and "
-            + _drafted_promql(_p("specscope.spec_decode.draft_tokens"), t)),
-        vllm_promql=lambda t: (
-            f"{_vllm_mean_length(t)} <= {t.collapse_length} and "
-            + _drafted_promql("vllm:spec_decode_num_draft_tokens_total", t)),
+        promql=lambda t: _collapse_promql(SPECSCOPE, t),
+        vllm_promql=lambda t: _collapse_promql(VLLM, t),
         for_s=lambda t: t.collapse_for_s,
         advice="Turn speculation off (num_speculative_tokens 0 or no speculative_config) until the draft is "
                "fixed; check the draft path and `specscope check-tokenizers TARGET DRAFT`.",
@@ -261,8 +277,7 @@ RULES: tuple[Rule, ...] = (
         value=lambda s: est.expected_speedup if (est := estimate(s)) else None,
         firing=_not_paying,
         promql=lambda t: (
-            f"{_p('specscope.spec_decode.expected_speedup')} < 1 and "
-            f"increase({_p('specscope.spec_decode.draft_tokens')}[{_window(t)}]) >= {t.weak_draft_min_draft_tokens}"),
+            f"{_p('specscope.spec_decode.expected_speedup')} < 1 and {_drafting_promql(SPECSCOPE, t)}"),
         for_s=lambda t: t.weak_draft_for_s,
         advice="Use the recommended K, a cheaper or better draft, or turn speculation off.",
     ),
@@ -276,13 +291,8 @@ RULES: tuple[Rule, ...] = (
                     "tenant or language) or runs another draft, checkpoint or configuration.",
         value=_divergence,
         firing=lambda s, t: divergent_engine(s, t) is not None,
-        promql=lambda t: _diverging_promql(
-            _p("specscope.spec_decode.acceptance_rate"), "server, model, draft_model, method",
-            _drafted_promql(_p("specscope.spec_decode.draft_tokens"), t), t),
-        vllm_promql=lambda t: _diverging_promql(
-            f"(rate(vllm:spec_decode_num_accepted_tokens_total[{_window(t)}]) / "
-            f"rate(vllm:spec_decode_num_draft_tokens_total[{_window(t)}]))", "model_name",
-            _drafted_promql("vllm:spec_decode_num_draft_tokens_total", t), t),
+        promql=lambda t: _diverging_promql(SPECSCOPE, t),
+        vllm_promql=lambda t: _diverging_promql(VLLM, t),
         for_s=lambda t: t.divergence_for_s,
         advice="Compare the engine's requests (`specscope top`, Enter on its row) with its peers'; check its "
                "load balancer routing and its launch flags.",
@@ -359,6 +369,25 @@ RULES: tuple[Rule, ...] = (
                "cache; weigh the speedup the draft brings at this batch size against the sequences it costs.",
         threshold=lambda t: t.draft_kv_share,
     ),
+    Rule(
+        name="SpecscopeAllocatorFragmentation",
+        severity="warning",
+        summary="torch holds {threshold} or more of its reserved GPU memory unallocated on a full GPU",
+        description="{allocator}. The caching allocator keeps freed blocks and split fragments for its own reuse; "
+                    "on a nearly full GPU that memory is lost to everything else (another model, a second "
+                    "process, the next larger allocation, which then fails with out-of-memory).",
+        value=lambda s: w.share if (w := allocator_waste(s)) else None,
+        firing=lambda s, t: ((w := allocator_waste(s)) is not None and w.share > t.allocator_fragmentation
+                             and w.idle_bytes >= t.allocator_min_idle_bytes
+                             and w.device_used is not None and w.device_used > t.kv_usage),
+        promql=_allocator_promql,
+        for_s=lambda t: t.allocator_for_s,
+        advice="Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (fewer split fragments), call "
+               "torch.cuda.empty_cache() between phases that allocate differently, or leave the GPU more headroom "
+               "(a lower gpu_memory_utilization for the engine sharing it).",
+        threshold=lambda t: t.allocator_fragmentation,
+        per_engine=False,
+    ),
 )
 
 BY_RULE: dict[str, Rule] = {r.name: r for r in RULES}
@@ -380,6 +409,7 @@ def describe(rule: Rule, snap: Snapshot, t: Thresholds) -> tuple[str, str]:
         "token_usage": percent(snap.kv.token_usage),
         "speedup_detail": est.explain() if (est := estimate(snap)) else "no estimate",
         "draft_kv": cost.explain() if (cost := draft_kv_cost(snap)) else "n/a",
+        "allocator": waste.explain() if (waste := allocator_waste(snap)) else "n/a",
         "tokenizer": "; ".join(snap.tokenizer.reasons) if snap.tokenizer and snap.tokenizer.reasons else "n/a",
         "overlap": percent(snap.tokenizer.overlap if snap.tokenizer else None),
         "collapse": f"{t.collapse_length:.2f}",
