@@ -118,9 +118,11 @@ def hf_cache(home: Path, models: dict[str, Path]) -> dict[str, str]:
     return {"HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
-def start_prometheus(jobs: dict[str, str], tmp: Path, up_within_s: float = 90) -> tuple[str, Any]:
-    """Debian's Prometheus on 127.0.0.1 scraping ``jobs`` (name → host:port) every second; returns (URL, process)
-    once every job has been scraped (it stops by itself after 10 minutes)."""
+def start_prometheus(jobs: dict[str, str], tmp: Path, up_within_s: float = 90,
+                     kind: str = "prometheus") -> tuple[str, Any]:
+    """Debian's Prometheus (or, ``kind="victoriametrics"``, VictoriaMetrics) on 127.0.0.1 scraping ``jobs`` (name →
+    host:port) every second; returns (URL, process) once every job has been scraped (it stops by itself after 10
+    minutes)."""
     import subprocess
     import time
 
@@ -130,10 +132,13 @@ def start_prometheus(jobs: dict[str, str], tmp: Path, up_within_s: float = 90) -
                      for name, target in jobs.items())
     (tmp / "prometheus.yml").write_text(f"global: {{scrape_interval: 1s}}\nscrape_configs:\n{scrape}")
     port = free_port()
-    proc = subprocess.Popen(
-        ["timeout", "600", "prometheus", f"--config.file={tmp / 'prometheus.yml'}",
-         f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if kind == "prometheus":
+        cmd = ["prometheus", f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
+               f"--web.listen-address=127.0.0.1:{port}"]
+    else:  # answers instant queries with the newest samples (by default it holds back the last 30 s)
+        cmd = ["victoria-metrics", f"-promscrape.config={tmp / 'prometheus.yml'}", f"-storageDataPath={tmp / 'vm'}",
+               f"-httpListenAddr=127.0.0.1:{port}", "-search.latencyOffset=0s", "-search.disableCache"]
+    proc = subprocess.Popen(["timeout", "600", *cmd], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + up_within_s
     while time.monotonic() < deadline:
@@ -145,4 +150,4 @@ def start_prometheus(jobs: dict[str, str], tmp: Path, up_within_s: float = 90) -
             pass
         time.sleep(0.5)
     proc.terminate()
-    raise RuntimeError(f"Prometheus did not scrape {sorted(jobs)} within {up_within_s:.0f} s")
+    raise RuntimeError(f"{kind} did not scrape {sorted(jobs)} within {up_within_s:.0f} s")

@@ -1,8 +1,10 @@
 """A fleet read from Prometheus-compatible storage (Prometheus, VictoriaMetrics, Thanos, Mimir) instead of polling
-every replica: one instant query per refresh returns every replica's ``vllm:*`` series, split by replica (``job``
+every replica: two instant queries per refresh return every replica's ``vllm:*`` series, split by replica (``job``
 and ``instance``) and mapped into a snapshot each, as ``--vllm`` maps one server's ``/metrics`` page (engines by
-vLLM's ``engine`` label). Windows come from successive refreshes, as for ``--vllm``. Series stored as ``vllm_*``
-(underscore escaping) read as ``vllm:*``.
+vLLM's ``engine`` label): the series' current values (lifetime counters, gauges), and each counter's
+``increase()`` over the window (``rate()`` times its length) from the storage's own history, so the first frame
+already has a window and it survives a restart of the dashboard. Series stored as ``vllm_*`` (underscore
+escaping) read as ``vllm:*``.
 """
 
 from __future__ import annotations
@@ -12,15 +14,19 @@ import re
 import threading
 import time
 import urllib.parse
+from typing import Any
 
+from specscope.alerts.recording import duration
 from specscope.collectors.promtext import Samples
 from specscope.collectors.scrape import (
+    VLLM_COUNTERS,
     VLLM_HISTOGRAMS,
     VLLM_SERIES,
     SourceError,
     base_url,
     http_get,
     vllm_snapshot,
+    with_window,
 )
 from specscope.model import Snapshot
 
@@ -35,49 +41,75 @@ def selector_matchers(selector: str) -> str:
     return inner
 
 
-class PrometheusFleet:
-    """Every replica a Prometheus-compatible server holds ``vllm:*`` series for; one query serves all replicas'
-    snapshots of one refresh (results younger than ``max_age`` seconds are reused)."""
+#: The label that carries a windowed counter's name (``increase()`` drops ``__name__``; ``or`` ignores it).
+_SERIES = "specscope_series"
 
-    def __init__(self, url: str, selector: str = "", timeout: float = 2.0, max_age: float = 0.5) -> None:
+
+def _selector(names: str, matchers: str) -> str:
+    # vllm_ too: a scrape that negotiates underscore escaping stores vLLM's vllm:x as vllm_x (docs/export.md).
+    return f'{{__name__=~"vllm[:_]({names})"' + (f",{matchers}" if matchers else "") + "}"
+
+
+class PrometheusFleet:
+    """Every replica a Prometheus-compatible server holds ``vllm:*`` series for; two queries serve all replicas'
+    snapshots of one refresh (results younger than ``max_age`` seconds are reused). ``window_s``: the window of
+    the counters' ``increase()`` (set it to change the window from the next refresh on)."""
+
+    def __init__(self, url: str, selector: str = "", timeout: float = 2.0, max_age: float = 0.5,
+                 window_s: float = 60.0) -> None:
         self.url = base_url(url)
-        matchers = selector_matchers(selector)
-        # Only the series the snapshot reads (a fleet's other histograms are most of its series), and vllm_ too: a
-        # scrape that negotiates underscore escaping stores vLLM's vllm:x as vllm_x (docs/export.md).
+        self.matchers = selector_matchers(selector)
+        # Only the series the snapshot reads (a fleet's other histograms are most of its series).
         names = "|".join([*VLLM_SERIES, *(f"{h}_(bucket|sum)" for h in VLLM_HISTOGRAMS)])
-        self.query = f'{{__name__=~"vllm[:_]({names})"' + (f",{matchers}" if matchers else "") + "}"
+        self.query = _selector(names, self.matchers)
+        self.window_s = window_s
         self.timeout = timeout
         self.max_age = max_age
         self._lock = threading.Lock()
         self._at = 0.0
-        self._result: dict[str, Samples] | SourceError = {}
+        self._result: dict[str, tuple[Samples, Samples, float]] | SourceError = {}
 
-    def _fetch(self) -> dict[str, Samples]:
-        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": self.query})
+    def window_query(self, window_s: float) -> str:
+        """Each counter's increase over the window, named by a label (one query for all of them)."""
+        return " or ".join(
+            f'label_replace(increase({_selector(name, self.matchers)}[{duration(window_s)}]), "{_SERIES}", '
+            f'"vllm:{name}", "__name__", ".*")' for name in VLLM_COUNTERS)
+
+    def _query(self, query: str) -> list[dict[str, Any]]:
+        url = f"{self.url}/api/v1/query"
         try:
-            text = http_get(url, self.timeout)
+            text = http_get(url, self.timeout, data=urllib.parse.urlencode({"query": query}).encode())
         except SourceError as exc:
             if "HTTP 400" in str(exc) or "HTTP 422" in str(exc):
-                raise SourceError(f"the query {self.query} was refused (PromQL error)") from None
-            raise SourceError(str(exc).replace(url, "/api/v1/query")) from None
+                raise SourceError(f"the query {query[:200]} was refused (PromQL error)") from None
+            if any(f"HTTP {code}" in str(exc) for code in (404, 405, 501)):
+                raise SourceError(f"not a Prometheus query API ({str(exc).rsplit(': ', 1)[-1]} at {url})") from None
+            raise SourceError(str(exc)) from None
         try:
             doc = json.loads(text)
             if doc.get("status") != "success":
                 raise SourceError(f"{doc.get('errorType', 'error')}: {doc.get('error', '')}"[:200])
-            rows = doc["data"]["result"]
+            rows: list[dict[str, Any]] = doc["data"]["result"]
         except (ValueError, KeyError, TypeError, AttributeError):
             raise SourceError("not a Prometheus query API (no /api/v1/query answer)") from None
-        out: dict[str, Samples] = {}
-        for row in rows:
-            labels = dict(row["metric"])
-            name = labels.pop("__name__")
-            name = "vllm:" + name[5:] if name.startswith("vllm_") else name
-            replica = f"{labels.pop('job', '')}/{labels.pop('instance', '')}".strip("/")
-            out.setdefault(replica, {}).setdefault(name, []).append((labels, float(row["value"][1])))
-        return out
+        return rows
 
-    def samples(self) -> dict[str, Samples]:
-        """Every replica's samples by replica name (``job/instance``), from one query per ``max_age``."""
+    def _fetch(self) -> dict[str, tuple[Samples, Samples, float]]:
+        window_s = self.window_s
+        found: tuple[dict[str, Samples], dict[str, Samples]] = ({}, {})
+        for windowed, query in ((0, self.query), (1, self.window_query(window_s))):
+            for row in self._query(query):
+                labels = dict(row["metric"])
+                name = labels.pop(_SERIES if windowed else "__name__")
+                name = "vllm:" + name[5:] if name.startswith("vllm_") else name
+                replica = f"{labels.pop('job', '')}/{labels.pop('instance', '')}".strip("/")
+                found[windowed].setdefault(replica, {}).setdefault(name, []).append((labels, float(row["value"][1])))
+        current, increases = found
+        return {r: (samples, increases.get(r, {}), window_s) for r, samples in current.items()}
+
+    def samples(self) -> dict[str, tuple[Samples, Samples, float]]:
+        """Every replica's ``(current samples, increases over the window, window seconds)`` by replica name
+        (``job/instance``), from one refresh per ``max_age``."""
         with self._lock:
             now = time.monotonic()
             if now - self._at >= self.max_age:
@@ -108,16 +140,26 @@ class PrometheusReplica:
         self.replica = replica
         self.name = replica or fleet.url
 
+    @property
+    def window_s(self) -> float:
+        """The window the storage computes (the fleet's: one query serves every replica)."""
+        return self.fleet.window_s
+
+    @window_s.setter
+    def window_s(self, seconds: float) -> None:
+        self.fleet.window_s = seconds
+
     def fetch(self) -> Snapshot:
         """The replica's snapshot from the fleet's latest query."""
         by_replica = self.fleet.samples()
         if self.replica is None and by_replica:
             self.replica = sorted(by_replica)[0]
-        samples = by_replica.get(self.replica or "")
-        if not samples:
+        found = by_replica.get(self.replica or "")
+        if not found or not found[0]:
             raise SourceError(f"no series match {self.fleet.query}"
                               + (f" for {self.replica}" if self.replica else ""))
+        samples, increases, window_s = found
         try:
-            return vllm_snapshot(samples, time.time())
+            return with_window(vllm_snapshot(samples, time.time()), increases, window_s)
         except (ValueError, KeyError, TypeError) as exc:
             raise SourceError(f"unreadable series ({str(exc)[:80]})") from None

@@ -15,7 +15,7 @@ import urllib.request
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from specscope.collectors.promtext import ParseError, Samples, parse
 from specscope.merge import combine_kv
@@ -49,9 +49,18 @@ class Source(Protocol):
         ...
 
 
-def http_get(url: str, timeout: float, headers: dict[str, str] | None = None) -> str:
+@runtime_checkable
+class WindowedSource(Source, Protocol):
+    """A source whose storage windows the counters itself (PromQL ``increase()`` over ``window_s``)."""
+
+    window_s: float
+
+
+def http_get(url: str, timeout: float, headers: dict[str, str] | None = None, data: bytes | None = None) -> str:
+    """The body at ``url`` (POSTed ``data``, form-encoded, when given); SourceError with one line otherwise."""
+    request = urllib.request.Request(url, data=data, headers=headers or {})
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as resp:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
             return str(resp.read().decode("utf-8", "replace"))
     except urllib.error.HTTPError as exc:
         raise SourceError(f"{url}: HTTP {exc.code}") from None
@@ -149,7 +158,7 @@ def _sum(samples: Samples, name: str) -> float | None:
 
 
 def _int(samples: Samples, name: str) -> int:
-    return int(_sum(samples, name) or 0)
+    return round(_sum(samples, name) or 0)
 
 
 def _label(samples: Samples, name: str, label: str) -> str | None:
@@ -196,10 +205,10 @@ def _vllm_spec(samples: Samples) -> SpecCounts | None:
     k = max(per_pos) + 1
     return SpecCounts(
         num_spec_tokens=k,
-        drafts=int(drafts),
+        drafts=round(drafts),
         draft_tokens=_int(samples, "vllm:spec_decode_num_draft_tokens_total"),
         accepted=_int(samples, "vllm:spec_decode_num_accepted_tokens_total"),
-        accepted_per_pos=tuple(int(per_pos.get(i, 0)) for i in range(k)),
+        accepted_per_pos=tuple(round(per_pos.get(i, 0)) for i in range(k)),
     )
 
 
@@ -228,6 +237,8 @@ VLLM_SERIES = ("cache_config_info", "generation_tokens_total", "iteration_tokens
                "prefix_cache_hits_total", "prefix_cache_queries_total", "prompt_tokens_total", "request_success_total",
                "spec_decode_num_accepted_tokens_per_pos_total", "spec_decode_num_accepted_tokens_total",
                "spec_decode_num_draft_tokens_total", "spec_decode_num_drafts_total")
+#: The counters among them, whose increase over a window makes the snapshot's window.
+VLLM_COUNTERS = tuple(n for n in VLLM_SERIES if n.endswith(("_total", "_count")))
 VLLM_HISTOGRAMS = ("e2e_request_latency_seconds", "time_to_first_token_seconds",
                    "request_time_per_output_token_seconds")
 
@@ -278,6 +289,17 @@ def vllm_snapshot(samples: Samples, now: float) -> Snapshot:
         unavailable=METRICS_PAGE_UNAVAILABLE,
         engines=tuple(engines),
     )
+
+
+def with_window(snap: Snapshot, increases: Samples, seconds: float) -> Snapshot:
+    """``snap`` with its window (the server's and each engine's) from the counters' increases over the last
+    ``seconds`` (PromQL ``increase()``, keyed by the counters' ``vllm:*`` names)."""
+    if not increases:
+        return snap
+    engines = tuple(replace(e, window=_vllm_totals(_engine_samples(increases, str(e.index)), seconds))
+                    for e in snap.engines)
+    return replace(snap, window=_vllm_totals(increases, seconds), window_seconds=seconds, engines=engines,
+                   unavailable=tuple(u for u in snap.unavailable if u != "window"))
 
 
 def sglang_snapshot(samples: Samples, now: float) -> Snapshot:

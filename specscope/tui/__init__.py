@@ -57,7 +57,8 @@ def sources(args: argparse.Namespace) -> list[Source]:
         from specscope.collectors.prometheus_source import PrometheusFleet
 
         try:
-            fleet = PrometheusFleet(args.prometheus, args.selector, args.timeout, max_age=args.interval / 2)
+            fleet = PrometheusFleet(args.prometheus, args.selector, args.timeout, max_age=args.interval / 2,
+                                    window_s=args.window)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         out += fleet.sources()

@@ -2,7 +2,8 @@
 
 Windows are computed here, from the difference between the latest lifetime counters and those ``w`` seconds
 earlier, so they work the same for every source (a /metrics page has no window of its own), and ``w`` and ``r``
-act on the screen without touching the engine. Alerts are evaluated on the windowed snapshot.
+act on the screen without touching the engine; a source whose storage keeps history (Prometheus) is asked for the
+window instead and its answer used once it covers it. Alerts are evaluated on the windowed snapshot.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from specscope.alerts.evaluate import Alert, Evaluator
 from specscope.alerts.rules import Thresholds
-from specscope.collectors.scrape import Source, SourceError
+from specscope.collectors.scrape import Source, SourceError, WindowedSource
 from specscope.diagnostics import with_baseline
 from specscope.hub import Hub
 from specscope.model import Snapshot, SpecCounts, StepProfile, StepTime, Totals
@@ -142,6 +143,10 @@ class Target:
         snap = self.snapshot
         if snap is None:
             return None
+        if isinstance(self.source, WindowedSource):  # the storage windows the counters: ask it for this window
+            self.source.window_s = seconds
+            if snap.window_seconds == seconds and "window" not in snap.unavailable:
+                return snap
         if self.polls < 2 and "window" not in snap.unavailable:
             return snap  # one poll so far: the source's own window is the best there is
         start = self.points[-1]

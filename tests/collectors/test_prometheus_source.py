@@ -9,7 +9,8 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,17 @@ import pytest
 from specscope.collectors.prometheus_source import PrometheusFleet, selector_matchers
 from specscope.collectors.promtext import parse
 from specscope.collectors.scrape import SourceError, vllm_snapshot
+from specscope.tui.state import Target
 from tests.conftest import free_port, start_prometheus
 
 FIXTURE = (Path(__file__).resolve().parent.parent / "fixtures" / "vllm_metrics.txt").read_text()
-needs_prometheus = pytest.mark.skipif(shutil.which("prometheus") is None, reason="Debian's prometheus not installed")
+#: Prometheus-compatible storages, each from Debian: a test runs against every one.
+STORAGES = ["prometheus", "victoriametrics"]
+
+
+def storage_installed(kind: str) -> None:
+    if shutil.which("prometheus" if kind == "prometheus" else "victoria-metrics") is None:
+        pytest.skip(f"Debian's {kind} not installed")
 
 
 def data_parallel(text: str) -> str:
@@ -37,10 +45,11 @@ def data_parallel(text: str) -> str:
 
 
 class Exporter:
-    """A /metrics page served on 127.0.0.1 (what a vLLM API server's /metrics answers)."""
+    """A /metrics page served on 127.0.0.1 (what a vLLM API server's /metrics answers): fixed text, or a function
+    of the time."""
 
-    def __init__(self, text: str) -> None:
-        page = text.encode()
+    def __init__(self, text: str | Callable[[], str]) -> None:
+        page = text if callable(text) else (lambda: text)
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
@@ -48,7 +57,7 @@ class Exporter:
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.end_headers()
                 with contextlib.suppress(BrokenPipeError):  # the scraper gave up (a timeout under load)
-                    self.wfile.write(page)
+                    self.wfile.write(page().encode())
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -62,13 +71,13 @@ class Exporter:
         self.server.server_close()
 
 
-@pytest.fixture(scope="module")
-def fleet_prometheus(tmp_path_factory: Any) -> Iterator[tuple[str, dict[str, str]]]:
-    if shutil.which("prometheus") is None:
-        pytest.skip("Debian's prometheus not installed")
+@pytest.fixture(scope="module", params=STORAGES)
+def fleet_prometheus(request: Any, tmp_path_factory: Any) -> Iterator[tuple[str, dict[str, str]]]:
+    storage_installed(request.param)
     pages = {"single": FIXTURE, "dp2": data_parallel(FIXTURE)}
     exporters = {name: Exporter(text) for name, text in pages.items()}
-    url, proc = start_prometheus({name: e.target for name, e in exporters.items()}, tmp_path_factory.mktemp("prom"))
+    url, proc = start_prometheus({name: e.target for name, e in exporters.items()}, tmp_path_factory.mktemp("prom"),
+                                 kind=request.param)
     try:
         yield url, {f"{name}/{e.target}": pages[name] for name, e in exporters.items()}
     finally:
@@ -78,7 +87,6 @@ def fleet_prometheus(tmp_path_factory: Any) -> Iterator[tuple[str, dict[str, str
             e.close()
 
 
-@needs_prometheus
 def test_every_replica_and_engine_reads_as_its_own_metrics_page(fleet_prometheus: tuple[str, dict[str, str]]) -> None:
     url, pages = fleet_prometheus
     fleet = PrometheusFleet(url)
@@ -102,7 +110,6 @@ def test_every_replica_and_engine_reads_as_its_own_metrics_page(fleet_prometheus
     assert fleet._at == at
 
 
-@needs_prometheus
 def test_a_selector_narrows_the_fleet_and_one_matching_nothing_says_so_and_recovers(
         fleet_prometheus: tuple[str, dict[str, str]]) -> None:
     url, pages = fleet_prometheus
@@ -115,7 +122,6 @@ def test_a_selector_narrows_the_fleet_and_one_matching_nothing_says_so_and_recov
     assert waiting.fetch().lifetime.spec is not None and waiting.replica is not None
 
 
-@needs_prometheus
 def test_bad_input_is_one_line(fleet_prometheus: tuple[str, dict[str, str]]) -> None:
     url, pages = fleet_prometheus
     with pytest.raises(ValueError, match="not a label selector"):
@@ -130,7 +136,6 @@ def test_bad_input_is_one_line(fleet_prometheus: tuple[str, dict[str, str]]) -> 
         PrometheusFleet(f"http://127.0.0.1:{free_port()}").samples()
 
 
-@needs_prometheus
 def test_top_once_over_prometheus(fleet_prometheus: tuple[str, dict[str, str]]) -> None:
     url, pages = fleet_prometheus
     cli = [sys.executable, "-m", "specscope.cli", "top", "--prometheus", url, "--once"]
@@ -144,3 +149,55 @@ def test_top_once_over_prometheus(fleet_prometheus: tuple[str, dict[str, str]]) 
                           timeout=60)
     assert down.returncode == 1 and "Traceback" not in down.stderr + down.stdout
     assert re.search(r"Connection refused", down.stdout + down.stderr)
+
+
+def serving(started: float) -> str:
+    """A replica that drafted 1,000 times at 10% acceptance before, and now drafts 10 times a second (K=4) at 75%:
+    per position 100%, 80%, 70% and 50% of its drafts."""
+    t = time.monotonic() - started
+    lab = 'engine="0",model_name="g"'
+    per_pos = [100 + 10 * t * r for r in (1.0, 0.8, 0.7, 0.5)]
+    return "\n".join([
+        f"vllm:num_requests_running{{{lab}}} 1",
+        f"vllm:spec_decode_num_drafts_total{{{lab}}} {1000 + 10 * t}",
+        f"vllm:spec_decode_num_draft_tokens_total{{{lab}}} {4000 + 40 * t}",
+        f"vllm:spec_decode_num_accepted_tokens_total{{{lab}}} {sum(per_pos)}",
+        *(f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{i}"}} {n}'
+          for i, n in enumerate(per_pos)),
+        f"vllm:generation_tokens_total{{{lab}}} {40 * t}",
+    ]) + "\n"
+
+
+@pytest.mark.parametrize("storage", STORAGES)
+def test_the_window_comes_from_the_storage_history(tmp_path: Path, storage: str) -> None:
+    """The first refresh already has a window (``increase()`` over the storage's history), apart from lifetime."""
+    storage_installed(storage)
+    started = time.monotonic()
+    exporter = Exporter(lambda: serving(started))
+    url, proc = start_prometheus({"g": exporter.target}, tmp_path, kind=storage)
+    try:
+        time.sleep(6)  # a few scrapes a second apart
+        fleet = PrometheusFleet(url, window_s=5)
+        (source,) = fleet.sources()
+        target = Target(source)
+        target.poll()
+        snap = target.windowed(5)
+        assert snap is not None and snap.window_seconds == 5 and "window" not in snap.unavailable
+        w, life = snap.window.spec, snap.lifetime.spec
+        assert w is not None and life is not None
+        assert w.acceptance_rate == pytest.approx(0.75, abs=0.02)  # lifetime: dominated by the 10% before
+        assert life.acceptance_rate is not None and life.acceptance_rate < 0.4
+        assert [round(r, 1) for r in w.per_position] == [1.0, 0.8, 0.7, 0.5]
+        assert snap.engines[0].window.spec is not None
+        assert snap.engines[0].window.spec.acceptance_rate == pytest.approx(0.75, abs=0.02)
+        # Another window is asked of the storage from the next refresh on; until then the polls' own window.
+        assert target.windowed(3) is not None and fleet.window_s == 3
+        fleet._at = 0.0
+        target.poll()
+        again = target.windowed(3)
+        assert again is not None and again.window_seconds == 3
+        assert again.window.spec is not None and again.window.spec.acceptance_rate == pytest.approx(0.75, abs=0.02)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        exporter.close()
