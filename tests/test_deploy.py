@@ -30,7 +30,7 @@ def test_grafana_dashboard_is_generated_and_names_only_existing_metrics() -> Non
     board = json.loads(path.read_text())
     names: set[str] = set()
     for panel in board["panels"]:
-        for target in panel["targets"]:
+        for target in panel.get("targets", []):  # rows have none
             names |= series_names(target["expr"])
     names |= series_names(board["templating"]["list"][1]["query"])
     assert names
@@ -40,6 +40,38 @@ def test_grafana_dashboard_is_generated_and_names_only_existing_metrics() -> Non
     # The acceptance panel shows the weak-draft threshold.
     acceptance = next(p for p in board["panels"] if p["title"].startswith("Acceptance rate"))
     assert acceptance["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"] == 0.3
+
+
+def test_grafana_dashboard_reads_back_through_grafanas_sdk_model() -> None:
+    """Grafana's Foundation SDK decodes the file into its typed dashboard model and encodes it back unchanged:
+    every field has the type and place Grafana's schema gives it."""
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.cog.plugins import register_default_plugins
+    from grafana_foundation_sdk.models import bargauge, prometheus, timeseries
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+
+    register_default_plugins()
+    raw = json.loads((DEPLOY / "grafana" / "specscope-dashboard.json").read_text())
+    model = Dashboard.from_json(raw)
+    assert json.loads(JSONEncoder(sort_keys=True).encode(model)) == raw
+    panels = [p for p in model.panels or [] if getattr(p, "type_val", None) != "row"]
+    assert all(isinstance(p.options, timeseries.Options | bargauge.Options) for p in panels)
+    assert all(isinstance(t, prometheus.Dataquery) for p in panels for t in p.targets or [])
+    assert [p.id_val for p in model.panels or []] == list(range(1, len(model.panels or []) + 1))
+
+
+def test_grafana_dashboard_has_per_engine_panels_from_the_recording_rules() -> None:
+    board = json.loads((DEPLOY / "grafana" / "specscope-dashboard.json").read_text())
+    recorded = {r["record"] for g in yaml.safe_load((DEPLOY / "prometheus" / "specscope-vllm-rules.yml").read_text())
+                ["groups"] for r in g["rules"] if "record" in r}
+    used = {name for p in board["panels"] for t in p.get("targets", [])
+            for name in re.findall(r"[a-z_]+:vllm_[a-z_]+:rate\w+", t["expr"])}
+    assert used and used <= recorded
+    per_engine = [p for p in board["panels"] for t in p.get("targets", [])
+                  if t["expr"].startswith("engine:") and "engine {{engine}}" in t["legendFormat"]]
+    assert {p["title"] for p in per_engine} >= {"Acceptance rate per engine and fleet",
+                                                 "Mean acceptance length per engine and fleet",
+                                                 "Per-position acceptance per engine"}
 
 
 def test_otel_collector_config_is_consistent_with_the_catalogue() -> None:
