@@ -239,6 +239,11 @@ class RequestRecord:
     engine: int | None = None
     #: ``chat`` or ``text_completion`` (GenAI's operation name), where the front end said which.
     operation: str | None = None
+    #: The W3C trace context the request came with (``traceparent``, ``tracestate``) or was made in; its span
+    #: continues it.
+    trace_context: tuple[tuple[str, str], ...] | None = None
+    #: vLLM's own ``llm_request`` span (a ``traceparent``), when vLLM traces: the request's span links to it.
+    vllm_span: str | None = None
 
     @property
     def operation_name(self) -> str:
@@ -640,6 +645,8 @@ def _record_dict(r: RequestRecord) -> dict[str, Any]:
     d = {name: getattr(r, name) for name in _names(RequestRecord)}
     if r.acceptance_histogram is not None:
         d["acceptance_histogram"] = list(r.acceptance_histogram)
+    if r.trace_context is not None:
+        d["trace_context"] = [list(pair) for pair in r.trace_context]
     return d
 
 

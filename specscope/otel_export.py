@@ -142,6 +142,27 @@ class _Snapshots:
             return snap
 
 
+def _parent(rec: RequestRecord) -> Any:
+    """The context the request came with (its ``traceparent``), or None: a new trace."""
+    if not rec.trace_context:
+        return None
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    return TraceContextTextMapPropagator().extract(dict(rec.trace_context))
+
+
+def _links(rec: RequestRecord) -> list[Any] | None:
+    """A link to vLLM's own span of the request, when vLLM traced it."""
+    if not rec.vllm_span:
+        return None
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    ctx = trace.get_current_span(TraceContextTextMapPropagator().extract({"traceparent": rec.vllm_span}))
+    span_context = ctx.get_span_context()
+    return [trace.Link(span_context, {"specscope.link": "vllm.llm_request"})] if span_context.is_valid else None
+
+
 class OtelExporter:
     """Exports a hub's catalogue metrics and request spans over OTLP; :meth:`shutdown` flushes and stops."""
 
@@ -282,7 +303,8 @@ class OtelExporter:
         )
         attrs.update({k: v for k, v in optional if v is not None})
         span = self._tracer.start_span(f"{rec.operation_name} {info.model or ''}".strip(), kind=SpanKind.SERVER,
-                                       attributes=attrs, start_time=start_ns)
+                                       attributes=attrs, start_time=start_ns, context=_parent(rec),
+                                       links=_links(rec))
         span.end(end_time=end_ns)
 
     def force_flush(self, timeout_ms: int = 10_000) -> None:

@@ -132,6 +132,24 @@ def _wants_speculation(kwargs: dict[str, Any]) -> bool:
     return bool(kwargs.get("speculative_config") or kwargs.get("spec_method") or kwargs.get("spec_model"))
 
 
+def prepare_llm_kwargs(kwargs: dict[str, Any]) -> bool:
+    """Turn on what recording needs in ``vllm.LLM``'s arguments (statistics; per-request speculative metrics
+    when speculating); returns whether vLLM's own loggers stay (asked for with ``disable_log_stats=False``)."""
+    keep_vllm_loggers = kwargs.get("disable_log_stats") is False
+    kwargs["disable_log_stats"] = False
+    if _wants_speculation(kwargs) and kwargs.get("per_request_spec_decode_metrics") is None:
+        kwargs["per_request_spec_decode_metrics"] = "detailed"
+    return keep_vllm_loggers
+
+
+def prepare_async_llm(vllm_config: Any, kwargs: dict[str, Any], hub: Hub) -> None:
+    """Turn on per-request speculative metrics in ``AsyncLLM``'s config and add the hub's stat logger."""
+    obs = vllm_config.observability_config
+    if vllm_config.speculative_config is not None and obs.per_request_spec_decode_metrics == "none":
+        obs.per_request_spec_decode_metrics = "detailed"
+    kwargs["stat_loggers"] = [*(kwargs.get("stat_loggers") or []), SpecscopeStatLogger.bound_to(hub)]
+
+
 def check_tokenizers(target: str, spec: Any, hub: Hub) -> None:
     """Before a draft-model engine starts: compare the tokenizers, log a mismatch, record the verdict."""
     from specscope.tokenizer_check import record_verdict
@@ -159,10 +177,7 @@ class LLM(vllm.LLM):
             hub.set_baseline(specscope_baseline if isinstance(specscope_baseline, StepProfile)
                              else load_profile(specscope_baseline))
         check_tokenizers(kwargs.get("tokenizer") or model, kwargs.get("speculative_config"), hub)
-        keep_vllm_loggers = kwargs.get("disable_log_stats") is False
-        kwargs["disable_log_stats"] = False
-        if _wants_speculation(kwargs) and kwargs.get("per_request_spec_decode_metrics") is None:
-            kwargs["per_request_spec_decode_metrics"] = "detailed"
+        keep_vllm_loggers = prepare_llm_kwargs(kwargs)
         super().__init__(model, **kwargs)
         self.specscope: Hub = instrument(self, hub, keep_vllm_loggers=keep_vllm_loggers)
 
@@ -260,11 +275,8 @@ class AsyncLLM(_VllmAsyncLLM):
     specscope_default_hub: Hub | None = None
 
     def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
-        obs = vllm_config.observability_config
-        if vllm_config.speculative_config is not None and obs.per_request_spec_decode_metrics == "none":
-            obs.per_request_spec_decode_metrics = "detailed"
         hub = type(self).specscope_default_hub or default_hub()
-        kwargs["stat_loggers"] = [*(kwargs.get("stat_loggers") or []), SpecscopeStatLogger.bound_to(hub)]
+        prepare_async_llm(vllm_config, kwargs, hub)
         super().__init__(vllm_config, *args, **kwargs)
         self.specscope: Hub = instrument(self, hub)
 

@@ -5,23 +5,36 @@ metrics, which the output processor holds (``RequestState.spec_decode_metrics``)
 responses only for single-prompt, ``n = 1`` requests. The hook wraps ``OutputProcessor._update_stats_from_finished``
 (the method that appends those stats) to attach to the appended entry what the stat logger needs: the request's
 speculative metrics, its child index when it is one of ``n > 1`` samples (the children share one request id), and
-the front end's time to first token. Installed once per process, in the same process as the stat loggers; it
-never raises into vLLM. Where vLLM has no such method, it is not installed and records are joined from the
-engine's outputs (``specscope.LLM``) or the server's responses (the middleware) as before.
+the front end's time to first token. It also carries each request's trace context: the W3C ``traceparent`` the
+server received (vLLM passes it to ``add_request`` and drops it there unless its own tracing is on) or, for
+offline engines, the caller's current OpenTelemetry span; and, when vLLM traces (``--otlp-traces-endpoint``), the
+context of vLLM's own ``llm_request`` span, for specscope's span to link to. Installed once per process, in the
+same process as the stat loggers; it never raises into vLLM. Where vLLM has no such method, it is not installed
+and records are joined from the engine's outputs (``specscope.LLM``) or the server's responses (the middleware).
 """
 
 from __future__ import annotations
 
 import contextvars
+import functools
+import importlib
+import inspect
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger("specscope")
 
-#: The attribute set on vLLM's ``FinishedRequestStats``: ``(child index or None, spec metrics, front-end TTFT)``.
+#: The attribute set on vLLM's ``FinishedRequestStats``: ``(child index or None, spec metrics, front-end TTFT,
+#: trace context carrier or None, vLLM's span as a traceparent or None)``.
 ATTRIBUTE = "specscope"
+#: Trace contexts of requests added and not yet finished, by vLLM's external request id (bounded: oldest out).
+_TRACES: OrderedDict[str, dict[str, str]] = OrderedDict()
+_MAX_TRACES = 4096
+#: The context of the span vLLM's ``do_tracing`` made on this thread (noted by :func:`_span_processor`'s).
+_local = threading.local()
 #: The GenAI operation (``chat``) of the requests an offline ``LLM`` call in this context runs; records made in
 #: the same thread (the stat logger's, or the outputs') carry it. Unset: told by the request id, or a completion.
 OPERATION: contextvars.ContextVar[str | None] = contextvars.ContextVar("specscope_operation", default=None)
@@ -49,6 +62,86 @@ def installed() -> bool:
     return bool(_installed)
 
 
+def trace_carrier(trace_headers: Any) -> dict[str, str] | None:
+    """The W3C trace context to continue: the request's own headers, else the caller's current span's."""
+    if trace_headers:
+        carrier = {k: str(v) for k, v in dict(trace_headers).items() if k.lower() in ("traceparent", "tracestate")}
+        if carrier:
+            return carrier
+    from opentelemetry import propagate, trace
+
+    if not trace.get_current_span().get_span_context().is_valid:
+        return None
+    out: dict[str, str] = {}
+    propagate.inject(out)
+    return out or None
+
+
+def _remember(request_id: Any, trace_headers: Any) -> None:
+    try:
+        carrier = trace_carrier(trace_headers)
+        if carrier is None:
+            return
+        with _lock:
+            _TRACES[str(request_id)] = carrier
+            while len(_TRACES) > _MAX_TRACES:
+                _TRACES.popitem(last=False)
+    except Exception:
+        global failures
+        failures += 1
+
+
+def _wrap_add_request(cls: Any) -> None:
+    """Remember each request's trace context as it is added (before vLLM drops it when its tracing is off)."""
+    original = cls.add_request
+    if inspect.iscoroutinefunction(original):
+        @functools.wraps(original)
+        async def add_request(self: Any, request_id: Any, *args: Any, **kwargs: Any) -> Any:
+            _remember(request_id, kwargs.get("trace_headers"))
+            return await original(self, request_id, *args, **kwargs)
+    else:
+        @functools.wraps(original)
+        def add_request(self: Any, request_id: Any, *args: Any, **kwargs: Any) -> Any:
+            _remember(request_id, kwargs.get("trace_headers"))
+            return original(self, request_id, *args, **kwargs)
+    cls.add_request = add_request
+
+
+def _span_processor() -> Any:
+    """A span processor for vLLM's tracer provider that notes the context of each ``llm_request`` span it starts
+    (the SDK's base class: every hook the provider calls exists, and ours never raise into vLLM)."""
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    class VllmSpans(SpanProcessor):
+        def on_start(self, span: Any, parent_context: Any = None) -> None:
+            try:
+                if span.name == "llm_request":
+                    _local.span = span.get_span_context()
+            except Exception:
+                global failures
+                failures += 1
+
+    return VllmSpans()
+
+
+_watched_providers: set[int] = set()
+
+
+def _watch_vllm_spans() -> None:
+    """Add :func:`_span_processor` to the global tracer provider vLLM set (once per provider)."""
+    from opentelemetry import trace
+
+    provider = trace.get_tracer_provider()
+    if id(provider) in _watched_providers or not hasattr(provider, "add_span_processor"):
+        return
+    _watched_providers.add(id(provider))
+    provider.add_span_processor(_span_processor())
+
+
+def _traceparent(ctx: Any) -> str:
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+
+
 def _install() -> bool:
     try:
         from vllm.v1.engine.output_processor import OutputProcessor
@@ -57,6 +150,33 @@ def _install() -> bool:
     original: Callable[..., Any] | None = getattr(OutputProcessor, "_update_stats_from_finished", None)
     if original is None:
         return False
+    for module, name in (("vllm.v1.engine.async_llm", "AsyncLLM"), ("vllm.v1.engine.llm_engine", "LLMEngine")):
+        try:
+            _wrap_add_request(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            log.info("specscope: no %s.add_request: request spans start their own traces", name)
+    tracing: Callable[..., Any] | None = getattr(OutputProcessor, "do_tracing", None)
+    if tracing is not None:
+        @functools.wraps(tracing)
+        def do_tracing(self: Any, engine_core_output: Any, req_state: Any, iteration_stats: Any) -> Any:
+            _local.span = None
+            try:
+                _watch_vllm_spans()
+            except Exception:
+                global failures
+                failures += 1
+            result = tracing(self, engine_core_output, req_state, iteration_stats)
+            span = _local.span
+            try:
+                finished = iteration_stats.finished_requests[-1] if iteration_stats is not None else None
+                extra = getattr(finished, ATTRIBUTE, None)
+                if span is not None and extra is not None:
+                    setattr(finished, ATTRIBUTE, (*extra[:4], _traceparent(span)))
+            except Exception:
+                failures += 1
+            return result
+
+        OutputProcessor.do_tracing = do_tracing  # type: ignore[method-assign]
 
     def _update_stats_from_finished(self: Any, req_state: Any, finish_reason: Any, iteration_stats: Any) -> None:
         original(self, req_state, finish_reason, iteration_stats)
@@ -66,8 +186,13 @@ def _install() -> bool:
             finished = iteration_stats.finished_requests[-1]
             index = req_state.request_index if req_state.parent_req is not None else None
             stats = req_state.stats
+            with _lock:
+                carrier = _TRACES.get(req_state.external_req_id)
+                if req_state.parent_req is None:
+                    _TRACES.pop(req_state.external_req_id, None)
             setattr(finished, ATTRIBUTE, (index, req_state.spec_decode_metrics,
-                                          getattr(stats, "first_token_latency", None) if stats else None))
+                                          getattr(stats, "first_token_latency", None) if stats else None,
+                                          carrier, None))
         except Exception:  # vLLM moved something: that request's extras are lost, nothing else
             global failures
             failures += 1

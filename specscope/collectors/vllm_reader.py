@@ -293,9 +293,13 @@ def finished_requests(iteration_stats: Any) -> list[Finished]:
         if extra is None:
             out.append(Finished(str(rid), fields))
             continue
-        index, metrics, ttft = extra
+        index, metrics, ttft, carrier, vllm_span = (*extra, None, None)[:5]
         if ttft:
             fields["ttft_s"] = ttft
+        if carrier:
+            fields["trace_context"] = tuple(sorted(carrier.items()))
+        if vllm_span:
+            fields["vllm_span"] = vllm_span
         fields.update(spec_fields(metrics))
         out.append(Finished(str(rid) if index is None else f"{rid}#{index}", fields, per_step_counts(metrics), True))
     return out

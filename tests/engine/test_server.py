@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import free_port, hf_cache
+from tests.otlp_receiver import HttpReceiver, attrs
 
 pytestmark = pytest.mark.engine
 
@@ -72,7 +74,15 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tiny: Any, engines: Any, tmp_path_factory: Any) -> Iterator[tuple[str, int]]:
+def receiver() -> Iterator[HttpReceiver]:
+    """The OTLP collector the server's specscope and vLLM's own tracing export to."""
+    r = HttpReceiver()
+    yield r
+    r.close()
+
+
+@pytest.fixture(scope="module")
+def server(tiny: Any, engines: Any, tmp_path_factory: Any, receiver: HttpReceiver) -> Iterator[tuple[str, int]]:
     engines.close()  # two cores: no other engine alongside the server
     port = free_port()
     root = tmp_path_factory.mktemp("server")
@@ -80,9 +90,13 @@ def server(tiny: Any, engines: Any, tmp_path_factory: Any) -> Iterator[tuple[str
     baseline.write_text(json.dumps({"model": "tiny", "step_times": [{"batch_size": 1, "steps": 50, "mean_s": 0.004}]}))
     env = {**os.environ, **hf_cache(root / "hf", {TARGET: tiny["target"], DRAFT: tiny["noise10"]}),
            "VLLM_PLUGINS": "specscope", "SPECSCOPE_PROMETHEUS_PORT": str(free_port()),
-           "SPECSCOPE_BASELINE": str(baseline)}
+           "SPECSCOPE_BASELINE": str(baseline),
+           # specscope's OTLP export, and vLLM's own request spans, to the same collector; spans sent promptly.
+           "SPECSCOPE_OTLP": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "200",
+           "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}
     spec = {"method": "draft_model", "model": DRAFT, "num_speculative_tokens": 4}
-    proc = start_server(server_command(TARGET, spec, port, "--api-key", KEY), env, root / "server.log")
+    proc = start_server(server_command(TARGET, spec, port, "--api-key", KEY, "--otlp-traces-endpoint",
+                                       f"{receiver.endpoint}/v1/traces"), env, root / "server.log")
     try:
         yield f"http://127.0.0.1:{port}", int(env["SPECSCOPE_PROMETHEUS_PORT"])
     finally:
@@ -249,3 +263,46 @@ def test_dashboard_sources_read_the_real_server(server: tuple[str, int]) -> None
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "n/a from this source: requests" in r.stdout and "drafted" in r.stdout
+
+
+def test_request_spans_continue_the_callers_trace_and_link_to_vllms_span(server: tuple[str, int],
+                                                                         receiver: HttpReceiver) -> None:
+    """A request sent with a W3C traceparent: specscope's span is its child, beside vLLM's own ``llm_request``
+    span (vLLM traces here), and links to it."""
+    url, _ = server
+    trace_id, parent_id = secrets.token_hex(16), secrets.token_hex(8)
+    r = httpx.post(f"{url}/v1/completions", headers={**AUTH, "traceparent": f"00-{trace_id}-{parent_id}-01"},
+                   json={"model": TARGET, "prompt": "the trace continues", "max_tokens": 16, "temperature": 0},
+                   timeout=60)
+    assert r.status_code == 200, r.text
+    rid = r.json()["id"]
+    deadline = time.monotonic() + 30
+    ours = theirs = None
+    while time.monotonic() < deadline and (ours is None or theirs is None):
+        time.sleep(0.5)
+        spans = receiver.received.spans()
+        ours = next((s for s, a in spans if str(a.get("gen_ai.response.id", "")).startswith(rid)), None)
+        if ours is not None:
+            our_id = attrs(ours.attributes)["gen_ai.response.id"]
+            theirs = next((s for s, a in spans if s.name == "llm_request" and a.get("gen_ai.request.id") == our_id),
+                          None)
+    assert ours is not None, "specscope's span never arrived"
+    assert theirs is not None, "vLLM's llm_request span never arrived"
+    assert ours.trace_id.hex() == theirs.trace_id.hex() == trace_id
+    assert ours.parent_span_id.hex() == theirs.parent_span_id.hex() == parent_id
+    assert [(link.trace_id.hex(), link.span_id.hex()) for link in ours.links] == [
+        (trace_id, theirs.span_id.hex())]
+    # A request without one starts a trace of its own.
+    r = httpx.post(f"{url}/v1/completions", headers=AUTH, timeout=60,
+                   json={"model": TARGET, "prompt": "a trace of its own", "max_tokens": 8, "temperature": 0})
+    rid = r.json()["id"]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        own = next((s for s, a in receiver.received.spans()
+                    if str(a.get("gen_ai.response.id", "")).startswith(rid)), None)
+        if own is not None:
+            assert own.trace_id.hex() != trace_id and not own.parent_span_id
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError("specscope's span for the second request never arrived")
