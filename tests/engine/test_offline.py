@@ -204,36 +204,44 @@ def test_chat_is_recorded_like_generate(run: Any) -> None:
 
 
 @pytest.mark.parametrize("run", ["copy", "noise2", "noise10", "independent"], indirect=True)
-def test_weak_draft_alert_fires_for_weak_drafts_only(run: Any) -> None:
-    """10% noise and independent drafts fire within the first full window (the independent one as a collapse when
-    it accepts almost nothing); copy and 2% noise never fire either rule."""
+def test_alerts_fire_for_their_fault_only_over_five_windows(run: Any) -> None:
+    """Every rule but the speedup verdict, evaluated through five windows of load: 10% noise and independent
+    drafts fire within the first full window (the independent one as a collapse when it accepts almost nothing)
+    and nothing else; copy and 2% noise fire nothing. (These same-size drafts cannot pay: the verdict's own
+    alert is right to fire on them, and is tested against measured speedups in test_verdict.py.)"""
     import specscope
     from specscope.alerts.evaluate import Evaluator
-    from specscope.alerts.rules import BY_RULE, Thresholds
+    from specscope.alerts.rules import RULES, Thresholds
 
     llm, hub, _ = run
     weak = hub.engine.draft_model.rsplit("/", 1)[-1] in ("noise10", "independent")
     alert_hub = specscope.Hub(window_s=ALERT_WINDOW_S)
     specscope.instrument(llm, alert_hub)  # re-instrument onto a short-window hub
     try:
-        rules = [BY_RULE["SpecscopeWeakDraft"], BY_RULE["SpecscopeAcceptanceCollapse"]]
-        ev = Evaluator(alert_hub, rules=rules, thresholds=Thresholds(window_s=ALERT_WINDOW_S, weak_draft_for_s=0,
-                                                                     collapse_for_s=0))
+        rules = [r for r in RULES if r.name != "SpecscopeSpeculationNotPaying"]
+        w = ALERT_WINDOW_S
+        ev = Evaluator(alert_hub, rules=rules, thresholds=Thresholds(
+            window_s=w, weak_draft_for_s=0, collapse_for_s=0, divergence_for_s=0, fragmentation_for_s=0,
+            kv_pressure_for_s=0, allocator_for_s=0))
         start = time.monotonic()
         fired_at = None
-        while time.monotonic() - start < 3 * ALERT_WINDOW_S:
+        fired: set[str] = set()
+        while time.monotonic() - start < 5 * w:
             llm.generate(PROMPTS[:4], greedy(32), use_tqdm=False)
-            if any(a.state == "firing" for a in ev.evaluate()) and fired_at is None:
+            now = {a.rule for a in ev.evaluate() if a.state == "firing"}
+            fired |= now
+            if now and fired_at is None:
                 fired_at = time.monotonic() - start
         if weak:
-            assert fired_at is not None and fired_at <= ALERT_WINDOW_S + 2.0, fired_at
+            assert fired_at is not None and fired_at <= w + 2.0, fired_at
             (alert,) = ev.active()  # one fault, one alert: weak, or collapsed when ~1 token per step
             assert alert.state == "firing" and "per position" in alert.description
             length = alert_hub.snapshot().window.spec.mean_acceptance_length  # type: ignore[union-attr]
             collapsed = length is not None and length <= Thresholds().collapse_length
             assert alert.rule == ("SpecscopeAcceptanceCollapse" if collapsed else "SpecscopeWeakDraft"), length
+            assert fired == {alert.rule}, fired  # and nothing else, at any point
         else:
-            assert fired_at is None and ev.active() == []
+            assert fired == set() and ev.active() == []
             assert alert_hub.snapshot().window.spec.draft_tokens >= 200  # it was judged, not idle
     finally:
         specscope.instrument(llm, hub)

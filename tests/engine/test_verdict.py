@@ -199,3 +199,45 @@ def test_ngram_gets_a_finite_k_and_is_found_not_paying_at_large_k(plain: Any, ba
         assert min(est.by_k) < 1.0 and est.by_k[16] < est.best_speedup
     finally:
         shutdown(llm)
+
+
+#: The alert matrix: a window short enough for five of them in a test, every rule's `for` one window long.
+MATRIX_WINDOW_S = 4.0
+
+
+@pytest.mark.parametrize(("family", "faults"), [
+    ("deep01", set()),  # healthy and paying: nothing, ever
+    ("deep10", {"SpecscopeWeakDraft", "SpecscopeSpeculationNotPaying"}),  # acceptance ~0.1: weak, and it loses
+])
+def test_every_rule_over_five_windows_under_load(tiny: dict[str, Path], baseline: StepProfile, family: str,
+                                                 faults: set[str]) -> None:
+    """All rules, evaluated every batch for five windows of load at batch 8 against the measured baseline: a
+    healthy paying draft fires nothing; a weak one fires exactly its two alerts (and goes on firing)."""
+    import time
+
+    import specscope
+    from specscope.alerts.evaluate import Evaluator
+    from specscope.alerts.rules import RULES, Thresholds
+
+    spec = speculative(tiny, family, 4, baseline)
+    try:
+        run(spec, [PROMPTS[:8]], 16)  # warm up
+        hub = Hub(window_s=MATRIX_WINDOW_S)
+        hub.set_baseline(baseline)
+        specscope.instrument(spec, hub)
+        w = MATRIX_WINDOW_S
+        ev = Evaluator(hub, rules=list(RULES), thresholds=Thresholds(
+            window_s=w, weak_draft_for_s=w, collapse_for_s=w, divergence_for_s=w, fragmentation_for_s=w,
+            kv_pressure_for_s=w, allocator_for_s=w))
+        fired: set[str] = set()
+        judged = 0
+        start = time.monotonic()
+        while time.monotonic() - start < 5 * w:
+            run(spec, [PROMPTS[8:16]], 48)
+            fired |= {a.rule for a in ev.evaluate() if a.state == "firing"}
+            judged += hub.snapshot().window.spec.draft_tokens >= 200  # type: ignore[union-attr]
+        assert judged >= 5, judged  # the rules judged a drafting engine, not an idle one
+        assert fired == faults, (fired, hub.snapshot().window.spec)
+        assert {a.rule for a in ev.active() if a.state == "firing"} == faults  # still firing at the end
+    finally:
+        shutdown(spec)
