@@ -2,7 +2,8 @@
 
 200 exporters on 127.0.0.1 serve a real vLLM /metrics page (tests/fixtures/vllm_metrics.txt, one engine each);
 a real Prometheus scrapes them all. One refresh is what the dashboard does per interval: with ``--prometheus``,
-one instant query and 200 conversions; with ``--vllm`` per replica, 200 GETs, parses and conversions. The ratio
+two instant queries (the series' values, and the counters' increase over the window) and 200 conversions; with
+``--vllm`` per replica, 200 GETs, parses and conversions. The ratio
 of the two, in the same run, is the result (benchmarks/results/prometheus_fleet.json).
 """
 
@@ -60,7 +61,7 @@ def main() -> int:
                 for s in direct:
                     s.fetch()
 
-            fleet.max_age = 1e9  # the sources of one refresh share one query: time the query separately
+            fleet.max_age = 1e9  # the sources of one refresh share its queries: time them separately
             query = per_refresh(lambda: (setattr(fleet, "_at", float("-inf")), fleet.samples()), args.rounds)
             convert = per_refresh(via_prometheus, args.rounds)
             prom = {k: round(query[k] + convert[k], 2) for k in query}

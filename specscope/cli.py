@@ -52,8 +52,14 @@ def _check_export(args: argparse.Namespace) -> int:
             lines.append(f"prometheus endpoint: http://{host}:{port}/metrics (and /snapshot)")
         if otlp or args.otlp or args.otlp_endpoint or args.otlp_protocol:
             c = resolve_config(endpoint=args.otlp_endpoint, protocol=args.otlp_protocol)
-            state = "disabled by OTEL_SDK_DISABLED" if c.disabled else f"every {c.export_interval_ms} ms"
-            lines.append(f"otlp: {c.protocol} to {c.endpoint} ({len(c.headers)} headers), {state}")
+            if c.disabled:
+                lines.append("otlp: disabled by OTEL_SDK_DISABLED")
+            elif otlp == "global":
+                lines.append("otlp: through the process's global OpenTelemetry providers (their exporters and "
+                             "intervals)")
+            else:
+                lines.append(f"otlp: {c.protocol} to {c.endpoint} ({len(c.headers)} headers), every "
+                             f"{c.export_interval_ms} ms")
     except (exports.ExportConfigError, EndpointError, OtelConfigError) as exc:
         print(f"specscope: error: {exc}", file=sys.stderr)
         return 2

@@ -5,6 +5,8 @@
 - ``SPECSCOPE_PROMETHEUS_PORT`` (and ``SPECSCOPE_PROMETHEUS_HOST``, default 127.0.0.1): serve ``/metrics`` and
   ``/snapshot``;
 - ``SPECSCOPE_OTLP=1``: export over OTLP, configured by the standard ``OTEL_*`` variables;
+  ``SPECSCOPE_OTLP=global``: through the process's global OpenTelemetry providers instead (as
+  ``opentelemetry-instrument`` with a distro, or the application, configured them);
 - ``SPECSCOPE_ALERTS=1``: evaluate the alert rules in-process and log transitions; ``SPECSCOPE_ALERTS_JSONL``
   (a file) and ``SPECSCOPE_ALERTMANAGER_URL`` add notifiers, ``SPECSCOPE_ALERT_THRESHOLDS`` (a JSON or YAML
   file) changes thresholds.
@@ -71,8 +73,14 @@ def start(hub: Hub, *, prometheus_port: int | None = None, prometheus_host: str 
     return exports
 
 
-def settings_from_env(env: dict[str, str] | None = None) -> tuple[int | None, str, bool]:
-    """``(prometheus port, host, otlp on)`` from the ``SPECSCOPE_*`` variables; raises on bad values."""
+#: ``SPECSCOPE_OTLP`` values: specscope's own OTLP providers, the process's global ones, or none.
+_OTLP = {"1": "own", "true": "own", "yes": "own", "on": "own", "global": "global",
+         "": None, "0": None, "false": None, "no": None, "off": None}
+
+
+def settings_from_env(env: dict[str, str] | None = None) -> tuple[int | None, str, str | None]:
+    """``(prometheus port, host, otlp: "own", "global" or None)`` from the ``SPECSCOPE_*`` variables; raises on
+    bad values."""
     env = dict(os.environ) if env is None else env
     raw = env.get("SPECSCOPE_PROMETHEUS_PORT", "").strip()
     port = None
@@ -81,8 +89,11 @@ def settings_from_env(env: dict[str, str] | None = None) -> tuple[int | None, st
             raise ExportConfigError(f"SPECSCOPE_PROMETHEUS_PORT must be a port number, got {raw!r}")
         port = int(raw)
     host = env.get("SPECSCOPE_PROMETHEUS_HOST", DEFAULT_HOST).strip() or DEFAULT_HOST
-    otlp = env.get("SPECSCOPE_OTLP", "").strip().lower() in ("1", "true", "yes", "on")
-    return port, host, otlp
+    raw = env.get("SPECSCOPE_OTLP", "").strip().lower()
+    if raw not in _OTLP:
+        raise ExportConfigError(f"SPECSCOPE_OTLP must be 1 (specscope's own OTLP export), global (the process's "
+                                f"OpenTelemetry providers) or 0, got {raw!r}")
+    return port, host, _OTLP[raw]
 
 
 def from_env(hub: Hub, env: dict[str, str] | None = None, lead: Callable[[str], bool] | None = None) -> Exports:
@@ -101,7 +112,7 @@ def from_env(hub: Hub, env: dict[str, str] | None = None, lead: Callable[[str], 
             if others:
                 log.info("specscope: another API-server process of this server serves %s", ", ".join(others))
             port = None if "prometheus" in others else port
-            otlp = otlp and "otlp" not in others
+            otlp = None if "otlp" in others else otlp
             want_alerts = want_alerts and "alerts" not in others
         thresholds = None
         if want_alerts and env.get("SPECSCOPE_ALERT_THRESHOLDS"):
@@ -111,7 +122,12 @@ def from_env(hub: Hub, env: dict[str, str] | None = None, lead: Callable[[str], 
                 thresholds = load_thresholds(env["SPECSCOPE_ALERT_THRESHOLDS"])
             except RuleConfigError as exc:
                 raise ExportConfigError(str(exc)) from None
-        exports = start(hub, prometheus_port=port, prometheus_host=host, otlp=otlp)
+        providers: dict[str, Any] = {}
+        if otlp == "global":
+            from opentelemetry import metrics, trace
+
+            providers = {"meter_provider": metrics.get_meter_provider(), "tracer_provider": trace.get_tracer_provider()}
+        exports = start(hub, prometheus_port=port, prometheus_host=host, otlp=otlp is not None, **providers)
         if want_alerts:
             from specscope import alerts
 

@@ -51,6 +51,7 @@ def test_check_export_good_and_bad_configuration() -> None:
             (["--otlp-endpoint", "otel:4317"], {}, "malformed OTLP endpoint"),
             (["--prometheus-port", str(port)], {}, f"cannot listen on 127.0.0.1:{port}: address in use"),
             ([], {"SPECSCOPE_PROMETHEUS_PORT": "nine"}, "SPECSCOPE_PROMETHEUS_PORT must be a port number"),
+            ([], {"SPECSCOPE_OTLP": "maybe"}, "SPECSCOPE_OTLP must be 1"),
         ]
         for args, env, message in cases:
             r = subprocess.run([sys.executable, "-m", "specscope.cli", "check-export", *args], capture_output=True,
@@ -58,6 +59,43 @@ def test_check_export_good_and_bad_configuration() -> None:
             assert r.returncode == 2, (args, r.stdout, r.stderr)
             assert r.stderr.strip() == f"specscope: error: {message}" or (
                 r.stderr.startswith("specscope: error: ") and message in r.stderr and r.stderr.count("\n") == 1)
+
+
+GLOBAL_PROVIDERS = """
+import json
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from specscope import exports
+from specscope.hub import Hub
+
+reader, spans = InMemoryMetricReader(), InMemorySpanExporter()
+metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))  # what a distro or the application sets up
+tracer_provider = TracerProvider()
+tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+trace.set_tracer_provider(tracer_provider)
+hub = Hub()
+started = exports.from_env(hub, env={"SPECSCOPE_OTLP": "global"})
+hub.record_request("r1", prompt_tokens=5, generation_tokens=7, e2e_s=0.5)
+hub.wait_idle()
+names = [m.name for rm in reader.get_metrics_data().resource_metrics for sm in rm.scope_metrics for m in sm.metrics]
+started.close()
+print(json.dumps({"problems": started.problems, "metrics": names,
+                  "spans": [dict(s.attributes) for s in spans.get_finished_spans()]}))
+"""
+
+
+def test_specscope_otlp_global_exports_through_the_processs_providers() -> None:
+    r = subprocess.run([sys.executable, "-c", GLOBAL_PROVIDERS], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["problems"] == []
+    assert "gen_ai.server.request.duration" in got["metrics"]  # the request reached the global meter provider
+    (span,) = got["spans"]
+    assert span["gen_ai.response.id"] == "r1" and span["gen_ai.usage.output_tokens"] == 7
 
 
 def test_exports_from_env_start_what_is_asked_and_skip_bad_settings(tmp_path: Path) -> None:
