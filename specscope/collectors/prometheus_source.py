@@ -1,10 +1,12 @@
 """A fleet read from Prometheus-compatible storage (Prometheus, VictoriaMetrics, Thanos, Mimir) instead of polling
-every replica: two instant queries per refresh return every replica's ``vllm:*`` series, split by replica (``job``
-and ``instance``) and mapped into a snapshot each, as ``--vllm`` maps one server's ``/metrics`` page (engines by
+every replica: two instant queries per refresh return every replica's ``vllm:*`` series, and specscope's exported
+``specscope_*`` series where Prometheus scrapes specscope's endpoint too, split by replica (``job`` and
+``instance``) and mapped into a snapshot each, as ``--vllm`` maps one server's ``/metrics`` page (engines by
 vLLM's ``engine`` label): the series' current values (lifetime counters, gauges), and each counter's
 ``increase()`` over the window (``rate()`` times its length) from the storage's own history, so the first frame
-already has a window and it survives a restart of the dashboard. Series stored as ``vllm_*`` (underscore
-escaping) read as ``vllm:*``.
+already has a window and it survives a restart of the dashboard. A specscope endpoint is a replica of its own
+(another target than vLLM's port); its snapshot adds the draft, the method and the tokenizer check. Series
+stored as ``vllm_*`` (underscore escaping) read as ``vllm:*``.
 """
 
 from __future__ import annotations
@@ -19,12 +21,16 @@ from typing import Any
 from specscope.alerts.recording import duration
 from specscope.collectors.promtext import Samples
 from specscope.collectors.scrape import (
+    SPECSCOPE_COUNTERS,
+    SPECSCOPE_SERIES,
     VLLM_COUNTERS,
     VLLM_HISTOGRAMS,
     VLLM_SERIES,
     SourceError,
+    as_vllm,
     base_url,
     http_get,
+    specscope_snapshot,
     vllm_snapshot,
     with_window,
 )
@@ -45,9 +51,10 @@ def selector_matchers(selector: str) -> str:
 _SERIES = "specscope_series"
 
 
-def _selector(names: str, matchers: str) -> str:
+def _selector(names: str, matchers: str, specscope: str = "") -> str:
     # vllm_ too: a scrape that negotiates underscore escaping stores vLLM's vllm:x as vllm_x (docs/export.md).
-    return f'{{__name__=~"vllm[:_]({names})"' + (f",{matchers}" if matchers else "") + "}"
+    pattern = f"vllm[:_]({names})" + (f"|{specscope}" if specscope else "")
+    return f'{{__name__=~"{pattern}"' + (f",{matchers}" if matchers else "") + "}"
 
 
 class PrometheusFleet:
@@ -61,7 +68,7 @@ class PrometheusFleet:
         self.matchers = selector_matchers(selector)
         # Only the series the snapshot reads (a fleet's other histograms are most of its series).
         names = "|".join([*VLLM_SERIES, *(f"{h}_(bucket|sum)" for h in VLLM_HISTOGRAMS)])
-        self.query = _selector(names, self.matchers)
+        self.query = _selector(names, self.matchers, "|".join(SPECSCOPE_SERIES))
         self.window_s = window_s
         self.timeout = timeout
         self.max_age = max_age
@@ -71,9 +78,12 @@ class PrometheusFleet:
 
     def window_query(self, window_s: float) -> str:
         """Each counter's increase over the window, named by a label (one query for all of them)."""
-        return " or ".join(
-            f'label_replace(increase({_selector(name, self.matchers)}[{duration(window_s)}]), "{_SERIES}", '
-            f'"vllm:{name}", "__name__", ".*")' for name in VLLM_COUNTERS)
+        w = duration(window_s)
+        vllm = [(_selector(name, self.matchers), f"vllm:{name}") for name in VLLM_COUNTERS]
+        ours = [("{" + f'__name__="{name}"' + (f",{self.matchers}" if self.matchers else "") + "}", name)
+                for name in SPECSCOPE_COUNTERS]
+        return " or ".join(f'label_replace(increase({selector}[{w}]), "{_SERIES}", "{name}", "__name__", ".*")'
+                           for selector, name in vllm + ours)
 
     def _query(self, query: str) -> list[dict[str, Any]]:
         url = f"{self.url}/api/v1/query"
@@ -160,6 +170,8 @@ class PrometheusReplica:
                               + (f" for {self.replica}" if self.replica else ""))
         samples, increases, window_s = found
         try:
-            return with_window(vllm_snapshot(samples, time.time()), increases, window_s)
+            if any(name.startswith("vllm:") for name in samples):
+                return with_window(vllm_snapshot(samples, time.time()), increases, window_s)
+            return with_window(specscope_snapshot(samples, time.time()), as_vllm(increases), window_s)
         except (ValueError, KeyError, TypeError) as exc:
             raise SourceError(f"unreadable series ({str(exc)[:80]})") from None

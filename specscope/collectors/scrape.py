@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol, runtime_checkable
 
+from specscope.catalogue import BY_NAME
 from specscope.collectors.promtext import ParseError, Samples, parse
 from specscope.merge import combine_kv
 from specscope.model import (
@@ -28,6 +29,7 @@ from specscope.model import (
     RequestRecord,
     Snapshot,
     SpecCounts,
+    TokenizerStatus,
     Totals,
 )
 
@@ -300,6 +302,58 @@ def with_window(snap: Snapshot, increases: Samples, seconds: float) -> Snapshot:
                     for e in snap.engines)
     return replace(snap, window=_vllm_totals(increases, seconds), window_seconds=seconds, engines=engines,
                    unavailable=tuple(u for u in snap.unavailable if u != "window"))
+
+
+def _p(name: str) -> str:
+    return BY_NAME[name].prometheus_name
+
+
+#: specscope's exported series that say what vLLM's own say: their vLLM names (by ``state`` for split series).
+SPECSCOPE_AS_VLLM: dict[str, str | dict[str, str]] = {
+    _p("specscope.spec_decode.drafts"): "vllm:spec_decode_num_drafts_total",
+    _p("specscope.spec_decode.draft_tokens"): "vllm:spec_decode_num_draft_tokens_total",
+    _p("specscope.spec_decode.accepted_tokens"): "vllm:spec_decode_num_accepted_tokens_total",
+    _p("specscope.spec_decode.accepted_tokens_per_position"): "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+    _p("specscope.tokens"): {"input": "vllm:prompt_tokens_total", "output": "vllm:generation_tokens_total"},
+    _p("specscope.requests"): "vllm:request_success_total",
+    _p("specscope.engine.preemptions"): "vllm:num_preemptions_total",
+    _p("specscope.engine.requests"): {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting"},
+    _p("specscope.kv_cache.block_usage"): "vllm:kv_cache_usage_perc",
+}
+#: What only specscope's series say: the start-up tokenizer check.
+SPECSCOPE_ONLY = (_p("specscope.tokenizer.verdict"), _p("specscope.tokenizer.overlap"))
+SPECSCOPE_SERIES = (*SPECSCOPE_AS_VLLM, *SPECSCOPE_ONLY)
+SPECSCOPE_COUNTERS = tuple(n for n in SPECSCOPE_AS_VLLM if n.endswith("_total"))
+
+
+def as_vllm(samples: Samples) -> Samples:
+    """specscope's series under vLLM's names and labels (``model`` as ``model_name``); others dropped."""
+    out: Samples = {}
+    for name, rows in samples.items():
+        target = SPECSCOPE_AS_VLLM.get(name)
+        for labels, value in rows:
+            vllm_name = target.get(labels.get("state", "")) if isinstance(target, dict) else target
+            if vllm_name is None:
+                continue
+            lb = {k: v for k, v in labels.items() if k not in ("state", "model")}
+            lb["model_name"] = labels.get("model", "")
+            out.setdefault(vllm_name, []).append((lb, value))
+    return out
+
+
+def specscope_snapshot(samples: Samples, now: float) -> Snapshot:
+    """specscope's exported series (a specscope endpoint, as Prometheus stores it) as a snapshot: the counters and
+    gauges vLLM's own series carry, read as :func:`vllm_snapshot` reads those, per engine, plus the draft and
+    method it names and the start-up tokenizer check, which only specscope knows."""
+    snap = vllm_snapshot(as_vllm(samples), now)
+    verdict_name, overlap_name = SPECSCOPE_ONLY
+    labels = next((lb for rows in samples.values() for lb, _ in rows if "draft_model" in lb), {})
+    verdict = next((lb.get("state") for lb, v in samples.get(verdict_name, []) if v == 1.0), None)
+    info = replace(snap.engine, server=labels.get("server") or snap.engine.server,
+                   draft_model=labels.get("draft_model") or None, method=labels.get("method") or snap.engine.method)
+    return replace(snap, engine=info,
+                   tokenizer=TokenizerStatus(verdict, overlap=_sum(samples, overlap_name)) if verdict else None,
+                   unavailable=tuple(u for u in snap.unavailable if u != "tokenizer" or verdict is None))
 
 
 def sglang_snapshot(samples: Samples, now: float) -> Snapshot:

@@ -115,7 +115,7 @@ def test_a_selector_narrows_the_fleet_and_one_matching_nothing_says_so_and_recov
     url, pages = fleet_prometheus
     assert [s.name for s in PrometheusFleet(url, 'job="dp2"').sources()] == [n for n in pages if n.startswith("dp2")]
     (waiting,) = PrometheusFleet(url, '{job="later"}').sources()
-    with pytest.raises(SourceError, match=r'no series match \{__name__=~"vllm\[:_\]\(.*\)",job="later"\}'):
+    with pytest.raises(SourceError, match=r'no series match \{__name__=~"vllm\[:_\]\(.*",job="later"\}'):
         waiting.fetch()
     waiting.fleet.query = waiting.fleet.query.replace('job="later"', 'job="single"')  # the replica appears
     waiting.fleet._at = 0.0
@@ -201,3 +201,49 @@ def test_the_window_comes_from_the_storage_history(tmp_path: Path, storage: str)
         proc.terminate()
         proc.wait(30)
         exporter.close()
+
+
+@pytest.mark.parametrize("storage", STORAGES)
+def test_a_specscope_endpoint_is_a_replica_with_what_only_specscope_knows(tmp_path: Path, storage: str) -> None:
+    """Prometheus scraping vLLM's /metrics and specscope's endpoint: each is a replica; specscope's adds the draft,
+    the method and the tokenizer check, and the dashboard's rules fire on it."""
+    from specscope.endpoint import Endpoint
+    from specscope.model import TokenizerStatus
+    from tests.test_otel_export import filled_hub
+
+    storage_installed(storage)
+    hub = filled_hub()
+    hub.set_tokenizer_status(TokenizerStatus("warning", ("2 added tokens",), overlap=0.98))
+    endpoint = Endpoint(hub.snapshot, port=0)
+    vllm = Exporter(FIXTURE)
+    url, proc = start_prometheus({"specscope": endpoint.url.removeprefix("http://"), "vllm": vllm.target}, tmp_path,
+                                 kind=storage)
+    try:
+        # A window that begins after the series' first scrape (VictoriaMetrics counts a series that appears
+        # within the window from zero; Prometheus from its first sample).
+        fleet = PrometheusFleet(url, window_s=3)
+        sources = {s.name.split("/")[0]: s for s in fleet.sources()}
+        assert set(sources) == {"specscope", "vllm"}
+        time.sleep(5)
+        fleet._at = 0.0
+        got, want = sources["specscope"].fetch(), hub.snapshot()
+        assert got.lifetime.spec is not None and want.lifetime.spec is not None
+        for field in ("drafts", "draft_tokens", "accepted", "accepted_per_pos", "num_spec_tokens"):
+            assert getattr(got.lifetime.spec, field) == getattr(want.lifetime.spec, field), field
+        assert (got.lifetime.generation_tokens, got.lifetime.prompt_tokens, got.lifetime.preemptions) == (
+            want.lifetime.generation_tokens, want.lifetime.prompt_tokens, want.lifetime.preemptions)
+        assert (got.running, got.waiting, got.kv.block_usage) == (want.running, want.waiting, want.kv.block_usage)
+        assert [e.index for e in got.engines] == [0]
+        assert (got.engine.model, got.engine.draft_model, got.engine.method) == ("tgt", "drf", "draft_model")
+        assert got.tokenizer is not None and (got.tokenizer.verdict, got.tokenizer.overlap) == ("warning", 0.98)
+        assert "tokenizer" not in got.unavailable and "window" not in got.unavailable  # increase() of its counters
+        assert got.window.spec is not None and got.window.spec.drafts == 0  # nothing drafted since: a still hub
+        target = Target(sources["specscope"])
+        target.poll()
+        assert "SpecscopeTokenizerWarning" in {a.rule for a in target.evaluate(60) if a.state == "firing"}
+        assert sources["vllm"].fetch().tokenizer is None  # vLLM's own series know nothing of it
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        vllm.close()
+        endpoint.close()
