@@ -63,3 +63,36 @@ def test_per_request_numbers_add_up_to_the_engine_in_every_regime(tiny: Any, eng
     assert sum(t.prefill_steps for t in life.step_times.times) > len(prompts)  # more prefill steps than prompts
     # With prefixes shared in the window, the token estimate is withheld and says why, never a silent 0.
     assert snap.kv.not_estimable and snap.kv.token_usage is None and snap.kv.fragmentation is None
+
+
+def test_kv_pressure_fires_its_alerts_and_nothing_else(tiny: Any, engines: Any) -> None:
+    """The alert matrix's pressure scenario, on the same engine (6 blocks): every rule but the speedup verdict,
+    evaluated at every step while requests are preempted. A full cache with preemptions fires KVCachePressure;
+    this same-size draft, whose own KV layers take half of every block, DraftCrowdsKVCache; and fragmentation,
+    which is real here: vLLM's 128-token CPU blocks take ~100-token prompts in 32-token chunks, so at full block
+    usage 65-80% of the slots are empty (e.g. 4 requests, 5 blocks, 132 tokens; the estimate is checked against
+    the block manager in test_kv_estimate.py). Nothing else."""
+    import specscope
+    from specscope.alerts.evaluate import Evaluator
+    from specscope.alerts.rules import RULES, Thresholds
+
+    llm = engines.get("regimes", lambda: specscope.LLM(str(tiny["target"]), specscope_hub=Hub(),
+                                                       speculative_config=spec_config(tiny, "noise2"), **REGIMES))
+    hub, original = Hub(), llm.specscope
+    specscope.instrument(llm, hub)
+    try:
+        ev = Evaluator(hub, rules=[r for r in RULES if r.name != "SpecscopeSpeculationNotPaying"],
+                       thresholds=Thresholds(kv_pressure_for_s=0, weak_draft_for_s=0, collapse_for_s=0,
+                                             fragmentation_for_s=0))
+        prompts = [" ".join(tiny_models.prompts(4, seed=60 + i, min_words=20, max_words=30)) for i in range(8)]
+        llm.enqueue(prompts, greedy(160), use_tqdm=False)
+        engine = llm.llm_engine
+        fired: set[str] = set()
+        while engine.has_unfinished_requests():
+            engine.step()
+            fired |= {a.rule for a in ev.evaluate() if a.state == "firing"}
+        assert hub.snapshot().lifetime.preemptions > 0
+        assert fired == {"SpecscopeKVCachePressure", "SpecscopeDraftCrowdsKVCache",
+                         "SpecscopeKVCacheFragmentation"}, fired
+    finally:
+        specscope.instrument(llm, original)

@@ -30,6 +30,19 @@ def test_same_size_other_tokenizer_runs_silently_in_vllm_and_is_flagged(tiny: An
     assert any("different ids" in r for r in snap.tokenizer.reasons)
     assert any("does not match the target's" in r.getMessage() for r in caplog.records)
     assert snap.window.spec is not None and snap.window.spec.acceptance_rate < 0.3  # the consequence
+    # The alert matrix's mismatch scenario: the critical tokenizer alert, and the acceptance it ruins (weak, or a
+    # collapse when about nothing is accepted); nothing else (the verdict's own alert left out: these same-size
+    # drafts cannot pay whatever their tokenizer).
+    from specscope.alerts.evaluate import Evaluator
+    from specscope.alerts.rules import RULES, Thresholds
+
+    ev = Evaluator(hub, rules=[r for r in RULES if r.name != "SpecscopeSpeculationNotPaying"],
+                   thresholds=Thresholds(weak_draft_for_s=0, collapse_for_s=0))
+    fired = {a.rule for a in ev.evaluate() if a.state == "firing"}
+    length = snap.window.spec.mean_acceptance_length
+    consequence = ("SpecscopeAcceptanceCollapse" if length is not None and length <= Thresholds().collapse_length
+                   else "SpecscopeWeakDraft")
+    assert fired == {"SpecscopeTokenizerMismatch", consequence}, (fired, length)
     endpoint = Endpoint(hub.snapshot, port=0)
     try:
         import httpx
