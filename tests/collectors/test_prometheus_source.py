@@ -56,7 +56,7 @@ class Exporter:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.end_headers()
-                with contextlib.suppress(BrokenPipeError):  # the scraper gave up (a timeout under load)
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the scraper gave up (a timeout)
                     self.wfile.write(page().encode())
 
             def log_message(self, *args: Any) -> None:
