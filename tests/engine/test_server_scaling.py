@@ -99,27 +99,54 @@ def test_each_engine_equals_vllms_own_counters(scaled: tuple[str, int], tmp_path
 
 
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="Debian's prometheus not installed")
-def test_prometheus_fleet_reads_each_engine_as_vllm_counts_it(scaled: tuple[str, int], tmp_path: Path) -> None:
-    """`top --prometheus`: a real Prometheus scraping the data-parallel server's /metrics; the replica's engines
-    equal vLLM's own per-engine counters (read after the scrape that Prometheus holds)."""
+def test_prometheus_fleet_reads_each_engine_as_vllm_counts_it(scaled: tuple[str, int], tiny: Any,
+                                                              tmp_path: Path) -> None:
+    """`top --prometheus`: a real Prometheus scraping two real vLLM servers (the data-parallel one, and a plain
+    single-engine vLLM without specscope) and the first one's specscope endpoint. Every replica's engines equal
+    that server's own per-engine counters (read after the scrape that Prometheus holds); specscope's replica
+    equals them too, and adds what only specscope knows."""
+    import time
+
     from specscope.collectors.prometheus_source import PrometheusFleet
 
-    url, _ = scaled
-    host = url.removeprefix("http://")
-    prom, proc = start_prometheus({"vllm": host}, tmp_path)
+    url, specscope_port = scaled
+    other_port = free_port()
+    other = start_server(server_command(str(tiny["target"]), spec_config(tiny, "noise10"), other_port),
+                         {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"} | {"VLLM_PLUGINS": ""},
+                         tmp_path / "other.log")
+    other_url = f"http://127.0.0.1:{other_port}"
     try:
-        import time
-
-        time.sleep(2.5)  # idle server: counters no longer move, the stored scrape equals the page
-        (source,) = PrometheusFleet(prom, 'job="vllm"').sources()
-        assert source.name == f"vllm/{host}"
-        snap = source.fetch()
-        vllm = per_engine(httpx.get(f"{url}/metrics", timeout=10).text)
-        assert [e.index for e in snap.engines] == [0, 1]
-        for e in snap.engines:
-            counts = vllm[str(e.index)]
-            assert e.lifetime.spec is not None and e.lifetime.spec.drafts == counts["vllm:spec_decode_num_drafts_total"]
-            assert e.lifetime.spec.accepted == counts["vllm:spec_decode_num_accepted_tokens_total"]
+        model = httpx.get(f"{other_url}/v1/models", timeout=10).json()["data"][0]["id"]
+        r = httpx.post(f"{other_url}/v1/completions", timeout=120, json={
+            "model": model, "prompt": ["river stone", "garden light"], "max_tokens": 24, "temperature": 0})
+        assert r.status_code == 200, r.text
+        hosts = {"vllm": url.removeprefix("http://"), "other": other_url.removeprefix("http://"),
+                 "specscope": f"127.0.0.1:{specscope_port}"}
+        prom, proc = start_prometheus(hosts, tmp_path)
+        try:
+            time.sleep(2.5)  # idle servers: counters no longer move, the stored scrape equals the page
+            sources = {s.name.split("/")[0]: s for s in PrometheusFleet(prom).sources()}
+            assert set(sources) == set(hosts)
+            for job, server in (("vllm", url), ("other", other_url)):
+                snap = sources[job].fetch()
+                vllm = per_engine(httpx.get(f"{server}/metrics", timeout=10).text)
+                assert [str(e.index) for e in snap.engines] == sorted(vllm), job
+                for e in snap.engines:
+                    counts = vllm[str(e.index)]
+                    assert e.lifetime.spec is not None
+                    assert e.lifetime.spec.drafts == counts["vllm:spec_decode_num_drafts_total"] > 0, job
+                    assert e.lifetime.spec.accepted == counts["vllm:spec_decode_num_accepted_tokens_total"], job
+            assert [e.index for e in sources["vllm"].fetch().engines] == [0, 1]
+            ours = sources["specscope"].fetch()
+            vllm = per_engine(httpx.get(f"{url}/metrics", timeout=10).text)
+            assert [e.index for e in ours.engines] == [0, 1]
+            for e in ours.engines:
+                assert e.lifetime.spec is not None
+                assert e.lifetime.spec.drafts == vllm[str(e.index)]["vllm:spec_decode_num_drafts_total"]
+            assert ours.engine.draft_model and ours.engine.method == "draft_model"
+            assert ours.tokenizer is not None and ours.tokenizer.verdict in ("identical", "compatible")
+        finally:
+            proc.terminate()
+            proc.wait(30)
     finally:
-        proc.terminate()
-        proc.wait(30)
+        stop(other)
