@@ -151,10 +151,9 @@ def test_prompts_longer_than_the_prefill_chunk_do_not_move_c(tiny: dict[str, Pat
     # Prefix caching off here: the rounds repeat their prompts, and cached prefixes would skip the chunks.
     spec = speculative(tiny, "deep01", 4, None, long_prefill_token_threshold=chunk, enable_prefix_caching=False)
     try:
-        c: dict[str, float] = {}
-        for name, prompts in (("short", short_prompts), ("long", long_prompts)):
-            ratios = []
-            for _ in range(2):  # alternating, for drift to weigh on both
+        ratios: dict[str, list[float]] = {"short": [], "long": []}
+        for _ in range(3):  # short and long interleaved, plain and speculative in turn: drift weighs on both
+            for name, prompts in (("short", short_prompts), ("long", long_prompts)):
                 plain.specscope.reset_window()
                 spec.specscope.reset_window()
                 run(plain, [[p] for p in prompts], 48)
@@ -163,8 +162,8 @@ def test_prompts_longer_than_the_prefill_chunk_do_not_move_c(tiny: dict[str, Pat
                 spec.specscope.set_baseline(base)
                 cost = measured_cost(spec.snapshot(), 1)
                 assert cost is not None
-                ratios.append(cost.value)
-            c[name] = statistics.median(ratios)
+                ratios[name].append(cost.value)
+        c = {name: statistics.median(values) for name, values in ratios.items()}
         one = spec.snapshot().window.step_times.get(1)
         # Each long prompt's prefill step was set apart from the decode steps (and weighs: timed as decode, it
         # would inflate c), and c came from this window's decode steps.
