@@ -333,6 +333,11 @@ BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
 BY_PROMETHEUS_NAME: dict[str, Metric] = {m.prometheus_name: m for m in METRICS}
 
 
+def exported_name(name: str) -> str:
+    """The Prometheus name of the catalogue metric ``name`` (what rules, dashboards and readers query)."""
+    return BY_NAME[name].prometheus_name
+
+
 def markdown_table() -> str:
     """The catalogue as the Markdown table in docs/metrics.md (a test keeps the two equal)."""
     rows = ["| OpenTelemetry name | Prometheus name | kind | unit | attributes | description |",

@@ -27,7 +27,7 @@ from grafana_foundation_sdk.models.dashboard import DataSourceRef, Threshold, Th
 
 from specscope.alerts.recording import VLLM
 from specscope.alerts.rules import Thresholds
-from specscope.catalogue import BY_NAME
+from specscope.catalogue import exported_name as _p
 
 _DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
 _SEL = '{model=~"$model", engine=~"$engine"}'
@@ -36,10 +36,6 @@ _E = "{{model}} engine {{engine}}"
 #: vLLM's own series, read through the recording rules (deploy/prometheus/specscope-vllm-rules.yml).
 _VSEL = '{model_name=~"$vllm_model"}'
 _VE = "{{instance}} engine {{engine}}"
-
-
-def _p(name: str) -> str:
-    return BY_NAME[name].prometheus_name
 
 
 def _rate(prometheus_name: str) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from specscope.catalogue import BY_NAME
+from specscope.catalogue import exported_name as _p
 
 #: Per-engine series: every label of the scraped series kept.
 ENGINE = "engine"
@@ -71,10 +71,6 @@ class Source:
                  "expr": f"{s('accepted_tokens_per_position')} / ignoring(position) group_left() {s('drafts')}"},
             ]
         return out
-
-
-def _p(name: str) -> str:
-    return BY_NAME[name].prometheus_name
 
 
 VLLM = Source("vllm", "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total",

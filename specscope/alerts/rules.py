@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from specscope.alerts.recording import ENGINE, SPECSCOPE, VLLM, Source, duration
-from specscope.catalogue import BY_NAME
+from specscope.catalogue import exported_name as _p
 from specscope.diagnostics import allocator_waste, draft_kv_cost, estimate
 from specscope.model import Snapshot
 from specscope.summary import percent
@@ -99,10 +99,6 @@ def load_thresholds(path: str | Path, base: Thresholds | None = None) -> Thresho
     if not isinstance(data, dict):
         raise RuleConfigError(f"{p} must hold a mapping of threshold names to numbers")
     return (base or Thresholds()).updated(data)
-
-
-def _p(name: str) -> str:
-    return BY_NAME[name].prometheus_name
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol, runtime_checkable
 
-from specscope.catalogue import BY_NAME
+from specscope.catalogue import exported_name as _p
 from specscope.collectors.promtext import ParseError, Samples, parse
 from specscope.merge import combine_kv
 from specscope.model import (
@@ -302,10 +302,6 @@ def with_window(snap: Snapshot, increases: Samples, seconds: float) -> Snapshot:
                     for e in snap.engines)
     return replace(snap, window=_vllm_totals(increases, seconds), window_seconds=seconds, engines=engines,
                    unavailable=tuple(u for u in snap.unavailable if u != "window"))
-
-
-def _p(name: str) -> str:
-    return BY_NAME[name].prometheus_name
 
 
 #: specscope's exported series that say what vLLM's own say: their vLLM names (by ``state`` for split series).
