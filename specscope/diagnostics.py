@@ -267,8 +267,8 @@ def estimate(snap: Snapshot, cost: CostRatio | None = None, batch_size: int | No
     decode_now = tokens / (k * cost.value + 1.0)
     if k < len(decode):
         decode[k] = decode_now
-    rho = _prefill_per_decode(snap, batch, tokens)
-    by_k = (1.0, *(acc.end_to_end(s, decode_now, rho, _draft_prefill(snap)) for s in decode[1:]))
+    rho, draft_prefill = _prefill_per_decode(snap, batch, tokens), _draft_prefill(snap)
+    by_k = (1.0, *(acc.end_to_end(s, decode_now, rho, draft_prefill) for s in decode[1:]))
     return SpeedupEstimate(
         alpha=a, k=k, cost_ratio=cost.value, cost_basis=_basis(cost, measured is not None),
         cost_ratio_source=cost.source, tokens_per_step=tokens, tokens_observed=observed is not None,

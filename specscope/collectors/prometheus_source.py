@@ -51,9 +51,14 @@ def selector_matchers(selector: str) -> str:
 _SERIES = "specscope_series"
 
 
-def _selector(names: str, matchers: str, specscope: str = "") -> str:
-    # vllm_ too: a scrape that negotiates underscore escaping stores vLLM's vllm:x as vllm_x (docs/export.md).
-    pattern = f"vllm[:_]({names})" + (f"|{specscope}" if specscope else "")
+def _vllm(names: str) -> str:
+    """A name pattern for vLLM's series ``names``, as ``vllm:`` and ``vllm_``: a scrape that negotiates underscore
+    escaping stores vLLM's vllm:x as vllm_x (docs/export.md)."""
+    return f"vllm[:_]({names})"
+
+
+def _selector(pattern: str, matchers: str) -> str:
+    """Series whose name matches ``pattern``, narrowed by the user's ``matchers``."""
     return f'{{__name__=~"{pattern}"' + (f",{matchers}" if matchers else "") + "}"
 
 
@@ -68,7 +73,7 @@ class PrometheusFleet:
         self.matchers = selector_matchers(selector)
         # Only the series the snapshot reads (a fleet's other histograms are most of its series).
         names = "|".join([*VLLM_SERIES, *(f"{h}_(bucket|sum)" for h in VLLM_HISTOGRAMS)])
-        self.query = _selector(names, self.matchers, "|".join(SPECSCOPE_SERIES))
+        self.query = _selector("|".join([_vllm(names), *SPECSCOPE_SERIES]), self.matchers)
         self.window_s = window_s
         self.timeout = timeout
         self.max_age = max_age
@@ -79,11 +84,9 @@ class PrometheusFleet:
     def window_query(self, window_s: float) -> str:
         """Each counter's increase over the window, named by a label (one query for all of them)."""
         w = duration(window_s)
-        vllm = [(_selector(name, self.matchers), f"vllm:{name}") for name in VLLM_COUNTERS]
-        ours = [("{" + f'__name__="{name}"' + (f",{self.matchers}" if self.matchers else "") + "}", name)
-                for name in SPECSCOPE_COUNTERS]
-        return " or ".join(f'label_replace(increase({selector}[{w}]), "{_SERIES}", "{name}", "__name__", ".*")'
-                           for selector, name in vllm + ours)
+        counters = [(_vllm(name), f"vllm:{name}") for name in VLLM_COUNTERS] + [(n, n) for n in SPECSCOPE_COUNTERS]
+        return " or ".join(f'label_replace(increase({_selector(pattern, self.matchers)}[{w}]), "{_SERIES}", '
+                           f'"{name}", "__name__", ".*")' for pattern, name in counters)
 
     def _query(self, query: str) -> list[dict[str, Any]]:
         url = f"{self.url}/api/v1/query"
