@@ -154,8 +154,10 @@ def _share_once(hub: Hub, vllm_config: Any) -> None:
         return
     hub.attach_share(_share)
     if getattr(par, "_api_process_rank", 0) == 0:
-        log.info("specscope: %d API-server processes share their numbers through %s; each one's appear up to %.0f s "
-                 "late in the others'", count, _share.directory, 1.0)
+        # A warning, so that it reaches the server's log under Python's default logging: what sharing cannot do.
+        log.warning("specscope: %d API-server processes share their numbers through %s; each one's appear up to "
+                    "%.0f s late in the others', and the Prometheus port, OTLP and notifications stay with the "
+                    "process that took them", count, _share.directory, 1.0)
 
 
 def _start_exports_once(hub: Hub) -> None:

