@@ -70,6 +70,8 @@ def main() -> None:
         def call() -> None:
             sched, it = steps[state["i"] % len(steps)]
             state["i"] += 1
+            for fin in it.finished_requests:  # a new request each time, as in a server (ids never repeat)
+                fin.request_id = f"r{state['i']}"
             logger.record(scheduler_stats=sched, iteration_stats=it, mm_cache_stats=None, engine_idx=0)  # type: ignore[attr-defined]
 
         return call

@@ -60,7 +60,7 @@ def rejections(drafts: int, accepted_per_pos: Sequence[int], draft_tokens_per_po
     if not drafts or not accepted_per_pos:
         return 0
     k = len(accepted_per_pos)
-    if len(draft_tokens_per_pos) != k:
+    if len(draft_tokens_per_pos) != k or draft_tokens_per_pos.count(drafts) == k:  # every draft K long
         return max(0, drafts - accepted_per_pos[-1])
     out = 0
     reached_prev, proposed_prev = drafts, drafts

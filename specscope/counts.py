@@ -1,8 +1,9 @@
-"""Interval counts, defined once: what one engine step adds, summed over the lifetime and over one-second buckets.
+"""Interval counts, defined once: what one engine step adds, summed in one-second buckets and over the lifetime.
 
 :class:`StepStats` is one step as read from vLLM (:mod:`specscope.collectors.vllm_reader`); :class:`StepTimer`
 says how long it took; :class:`Counts` adds both up for an interval; :class:`Ring` keeps one ``Counts`` per
-second for the sliding window, preallocated so that memory stays flat.
+second for the sliding window, preallocated so that memory stays flat, and folds each finished second into the
+lifetime.
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ def scalars(s: StepStats) -> tuple[int, ...]:
 
 
 def _add_into(dst: list[int], src: Sequence[int]) -> None:
+    if len(dst) == len(src):
+        dst[:] = map(operator.add, dst, src)
+        return
     if len(dst) < len(src):
         dst.extend([0] * (len(src) - len(dst)))
     for i, v in enumerate(src):
@@ -198,22 +202,33 @@ class Counts:
 
 
 class Ring:
-    """One :class:`Counts` per second over ``size`` seconds, allocated at creation and reused."""
+    """One :class:`Counts` per second over ``size`` seconds, allocated at creation and reused, and the lifetime they
+    add up to: each step is added once, to its second's bucket, which joins the lifetime's past when a later second
+    begins."""
 
-    __slots__ = ("buckets", "seconds", "size")
+    __slots__ = ("buckets", "current", "past", "seconds", "size")
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, past: Counts | None = None) -> None:
         self.size = size
         self.seconds = [-1] * size
         self.buckets = [Counts() for _ in range(size)]
+        #: Every second before the current one, summed.
+        self.past = past or Counts()
+        #: The second steps are being added to (its bucket is not in ``past`` yet); -1 before the first step.
+        self.current = -1
 
     def add_step(self, second: int, values: tuple[int, ...], s: StepStats, timing: Timing | None) -> None:
-        """Add a step to the bucket of ``second``."""
+        """Add a step to the bucket of ``second`` (a clock that stepped back adds to the current second's)."""
+        if second < self.current:
+            second = self.current
         i = second % self.size
         bucket = self.buckets[i]
-        if self.seconds[i] != second:
-            self.seconds[i] = second
-            bucket.clear()
+        if second != self.current:
+            self._close_current()
+            self.current = second
+            if self.seconds[i] != second:
+                self.seconds[i] = second
+                bucket.clear()
         bucket.add_step(values, s, timing)
 
     def sum(self, now: int, window: int) -> Counts:
@@ -225,9 +240,28 @@ class Ring:
                 total.add(self.buckets[i])
         return total
 
+    def lifetime(self) -> Counts:
+        """Everything ever added."""
+        total = Counts()
+        total.add(self.past)
+        if self.current >= 0 and self.seconds[self.current % self.size] == self.current:
+            total.add(self.buckets[self.current % self.size])
+        return total
+
     def clear(self) -> None:
-        """Forget every bucket."""
+        """Forget every bucket; the lifetime keeps them."""
+        self._close_current()
         self.seconds = [-1] * self.size
+
+    def resized(self, size: int) -> Ring:
+        """An empty ring of ``size`` seconds with this one's lifetime."""
+        return Ring(size, self.lifetime())
+
+    def _close_current(self) -> None:
+        i = self.current % self.size
+        if self.current >= 0 and self.seconds[i] == self.current:
+            self.past.add(self.buckets[i])
+        self.current = -1
 
 
 class EngineStream:
@@ -235,11 +269,9 @@ class EngineStream:
     and the KV token estimate (tokens held by its live requests). Kept per engine of a data-parallel server, so
     that no engine's gauges overwrite another's and step timing never spans two engines' reports."""
 
-    __slots__ = ("decode_batch", "kv_usage", "life", "live_tokens", "ring", "running", "timer", "updated_at",
-                 "waiting")
+    __slots__ = ("decode_batch", "kv_usage", "live_tokens", "ring", "running", "timer", "updated_at", "waiting")
 
     def __init__(self, ring_size: int) -> None:
-        self.life = Counts()
         self.ring = Ring(ring_size)
         self.timer = StepTimer()
         self.running: int | None = None
@@ -255,7 +287,6 @@ class EngineStream:
         timing = self.timer.time(now, s)
         if timing is not None and timing.decode_s is not None:
             self.decode_batch = timing.batch
-        self.life.add_step(values, s, timing)
         self.ring.add_step(int(now), values, s, timing)
         if s.running is not None:
             self.running, self.waiting, self.updated_at = s.running, s.waiting, now

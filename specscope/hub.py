@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from specscope.counts import Counts, EngineStream, Ring, StepStats
+from specscope.counts import Counts, EngineStream, StepStats
 from specscope.merge import combine_kv
 from specscope.model import (
     CostRatio,
@@ -136,7 +136,7 @@ class Hub:
             if seconds >= self._ring_size:
                 self._ring_size = int(seconds) + 1
                 for stream in self._streams.values():  # a longer window starts empty
-                    stream.ring = Ring(self._ring_size)
+                    stream.ring = stream.ring.resized(self._ring_size)
 
     def reset_window(self) -> None:
         """Forget the window's contents; lifetime totals are kept."""
@@ -240,8 +240,9 @@ class Hub:
             stream.add_step(now, s)
             if s.num_spec_tokens is not None and self._engine.num_speculative_tokens is None:
                 self._engine = replace(self._engine, num_speculative_tokens=s.num_spec_tokens)
-            expired = self._requests.release_expired(now)
-        self._publish(expired)
+            expired = self._requests.release_expired(now) if self._requests.waiting else None
+        if expired:
+            self._publish(expired)
 
     def record_request(self, request_id: str, **fields: Any) -> None:
         """Add one source's part of a finished request (see :class:`RequestRecord` for the fields)."""
@@ -308,11 +309,12 @@ class Hub:
             engines = []
             for index, stream in sorted(self._streams.items()):
                 w = stream.ring.sum(int(now), int(self._window_s))
-                life.add(stream.life)
+                lifetime = stream.ring.lifetime()
+                life.add(lifetime)
                 window.add(w)
                 window_totals = w.totals(window_len, k)
                 engines.append(EngineView(
-                    index=index, lifetime=stream.life.totals(now - self._started, k), window=window_totals,
+                    index=index, lifetime=lifetime.totals(now - self._started, k), window=window_totals,
                     running=stream.running, waiting=stream.waiting,
                     kv=_kv(info, stream.kv_usage, stream.live_tokens, window_totals.prefix_cache_hits > 0),
                     decode_batch=stream.decode_batch, updated_at=stream.updated_at))

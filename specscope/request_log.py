@@ -71,9 +71,13 @@ class RequestLog:
     def add_part(self, request_id: str, now: float, fields: dict[str, Any]) -> list[RequestRecord]:
         """Add one source's part of a request; returns the records that became final."""
         rec = self.recent.get(request_id)
+        parts = self._parts.get(request_id, 0) + 1
+        final = parts >= self.parts_expected
         if rec is None:
             self._seq += 1
-            rec = RequestRecord(request_id=request_id, seq=self._seq, finished_at=now, **fields)
+            # A record complete in one part is made final as it is made (the engine path's common case).
+            rec = RequestRecord(request_id=request_id, seq=self._seq, finished_at=now,
+                                final_seq=self._final_seq + 1 if final else 0, **fields)
             self.recent[request_id] = rec
             while len(self.recent) > self.max_requests:
                 old, _ = self.recent.popitem(last=False)
@@ -82,16 +86,20 @@ class RequestLog:
         else:
             rec = replace(rec, **fields)
             self.recent[request_id] = rec
-        parts = self._parts.get(request_id, 0) + 1
         done = []
-        if parts >= self.parts_expected:
+        if final:
             self._parts.pop(request_id, None)
             self._pending.pop(request_id, None)
             done.append(self._finalize(rec))
         else:
             self._parts[request_id] = parts
             self._pending[request_id] = now
-        return done + self.release_expired(now)
+        return done + self.release_expired(now) if self._pending else done
+
+    @property
+    def waiting(self) -> bool:
+        """Whether a record waits for another part."""
+        return bool(self._pending)
 
     def release_expired(self, now: float) -> list[RequestRecord]:
         """Finalize the records that waited too long for their other part."""
@@ -111,8 +119,13 @@ class RequestLog:
         """One finished request's per-step draft counts, binned by the output position each step drafted at."""
         self._positions_seen = True
         position = 1  # the first token comes from prefill
+        rows, bounds = self._positions, OUTPUT_POSITION_BOUNDS
+        b = bisect.bisect_right(bounds, position)
+        row, limit = rows[b], bounds[b] if b < len(bounds) else None
         for accepted, drafted in zip(per_step_accepted, per_step_drafted, strict=False):
-            row = self._positions[bisect.bisect_right(OUTPUT_POSITION_BOUNDS, position)]
+            while limit is not None and position >= limit:  # positions only grow: step to the next bin
+                b += 1
+                row, limit = rows[b], bounds[b] if b < len(bounds) else None
             row[0] += drafted
             row[1] += accepted
             position += accepted + 1
@@ -130,8 +143,9 @@ class RequestLog:
 
     def _finalize(self, rec: RequestRecord) -> RequestRecord:
         self._final_seq += 1
-        rec = replace(rec, final_seq=self._final_seq)
-        self.recent[rec.request_id] = rec
+        if rec.final_seq != self._final_seq:
+            rec = replace(rec, final_seq=self._final_seq)
+            self.recent[rec.request_id] = rec
         if rec.acceptance_rate is not None:
             self.rate.observe(rec.acceptance_rate)
         if rec.mean_acceptance_length is not None:

@@ -60,6 +60,29 @@ def test_window_slides_and_lifetime_accumulates() -> None:
     assert snap.lifetime.spec.drafts == 4
 
 
+def test_lifetime_counts_every_step_once_past_the_kept_history() -> None:
+    """Each step is added once, to its second; the seconds join the lifetime as they end. Past the kept history,
+    across window resets and a longer window, and with a clock that steps back, every step counts exactly once."""
+    clock = Clock()
+    hub = Hub(window_s=2, history_s=3, clock=clock)
+    for i in range(40):
+        hub.record_step(spec_step(1, [i % 5], generation_tokens=1))
+        hub.record_step(spec_step(1, [1], generation_tokens=1), engine=1)
+        steps = i + 1
+        clock.t += (0.4, 0.7, -0.5, 1.3)[i % 4]  # several steps a second, a clock step back, a skipped second
+        if i == 17:
+            hub.reset_window()
+        if i == 25:
+            hub.set_window(8)  # longer than the history: the window starts empty, the lifetime goes on
+        life = hub.snapshot().lifetime
+        assert life.steps == 2 * steps and life.generation_tokens == 2 * steps
+        assert life.spec.accepted == sum(j % 5 for j in range(steps)) + steps
+    by_engine = {e.index: e.lifetime.steps for e in hub.snapshot().engines}
+    assert by_engine == {0: 40, 1: 40}
+    snap = hub.snapshot()
+    assert snap.window.steps == 2 * (40 - 26)  # the steps since the longer window began (under 8 s ago)
+
+
 def test_window_rate_uses_elapsed_time_while_young_and_resets() -> None:
     clock = Clock()
     hub = Hub(window_s=60, clock=clock)
@@ -254,3 +277,28 @@ def test_snapshot_is_json_ready_and_immutable() -> None:
     assert d["requests"][0]["mean_acceptance_length"] == 4.0
     with pytest.raises(AttributeError):
         snap.lifetime.spec.drafts = 5  # type: ignore[misc]
+
+
+def test_acceptance_by_output_position_bins_each_step_where_it_drafted() -> None:
+    """A step drafts at the output position its request reached (the first token is prefill's); each bin of
+    ``OUTPUT_POSITION_BOUNDS`` holds the steps whose position is at least its lower bound."""
+    import random
+
+    from specscope.model import OUTPUT_POSITION_BOUNDS
+
+    rng = random.Random(3)
+    hub = Hub()
+    expected = [[0, 0] for _ in range(len(OUTPUT_POSITION_BOUNDS) + 1)]
+    for i in range(20):
+        accepted = [4] * 1200 if i == 0 else [rng.randint(0, 4) for _ in range(rng.randint(0, 1500))]
+        position = 1
+        for a in accepted:
+            row = expected[sum(1 for b in OUTPUT_POSITION_BOUNDS if b <= position)]
+            row[0] += 4
+            row[1] += a
+            position += a + 1
+        hub.record_draft_positions(accepted, [4] * len(accepted))
+    positions = hub.snapshot().acceptance_by_output_position
+    assert positions is not None
+    assert [list(x) for x in zip(positions.draft_tokens, positions.accepted, strict=True)] == expected
+    assert positions.draft_tokens[-1] > 0  # past the last bound

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from specscope.acceptance import rejections
@@ -176,6 +177,34 @@ def _get(obj: Any, name: str, default: Any, missing: list[str] | None) -> Any:
     return value
 
 
+class _Fields:
+    """Several fields of one vLLM stats object, read in one C call; when one is gone (vLLM renamed it), each is read
+    on its own with its default, and the gone ones are named: drift costs that number, not the step."""
+
+    __slots__ = ("_defaults", "_getter", "_names")
+
+    def __init__(self, **defaults: Any) -> None:
+        self._names = tuple(defaults)
+        self._defaults = tuple(defaults.values())
+        self._getter = attrgetter(*self._names)
+
+    def read(self, obj: Any, missing: list[str] | None) -> Any:
+        try:
+            return self._getter(obj)
+        except AttributeError:
+            return tuple(_get(obj, n, d, missing) for n, d in zip(self._names, self._defaults, strict=True))
+
+
+_SCHEDULER = _Fields(num_running_reqs=None, num_waiting_reqs=None, kv_cache_usage=None, prefix_cache_stats=None,
+                     spec_decoding_stats=None)
+_PREFIX_CACHE = _Fields(queries=0, hits=0)
+_SPEC = _Fields(num_spec_tokens=None, num_drafts=0, num_draft_tokens=0, num_accepted_tokens=0,
+                num_accepted_tokens_per_pos=(), num_draft_tokens_per_pos=())
+_ITERATION = _Fields(num_prompt_tokens=0, num_generation_tokens=0, num_preempted_reqs=0, finished_requests=(),
+                     inter_token_latencies_iter=None, time_to_first_tokens_iter=None)
+_FINISHED_TOKENS = _Fields(num_prompt_tokens=0, num_generation_tokens=0)
+
+
 def version_warning(version: str | None) -> str | None:
     """Why this vLLM is not one specscope was checked against; None when it is (or cannot be told)."""
     if not version:
@@ -199,38 +228,27 @@ def read_step(scheduler_stats: Any, iteration_stats: Any, missing: list[str] | N
     A step is *pure decode* when no request finished its prefill in it and every request it ran produced tokens
     after a previous step's (equal inter-token intervals, all measured in the engine core): then that interval is
     the step's duration. A request in a chunked prefill produces nothing, so such steps are never pure decode.
-    Every field is read with a default: one that vLLM renamed is named in ``missing`` and costs only itself.
+    Every field has a default: one that vLLM renamed is named in ``missing`` and costs only itself.
     """
     s = StepStats()
     if scheduler_stats is not None:
-        s.running = _get(scheduler_stats, "num_running_reqs", None, missing)
-        waiting = _get(scheduler_stats, "num_waiting_reqs", None, missing)
-        s.waiting = None if waiting is None else waiting + getattr(scheduler_stats, "num_skipped_waiting_reqs", 0)
-        s.kv_usage = _get(scheduler_stats, "kv_cache_usage", None, missing)
-        pcs = _get(scheduler_stats, "prefix_cache_stats", None, missing)
+        s.running, waiting, s.kv_usage, pcs, sds = _SCHEDULER.read(scheduler_stats, missing)
+        if waiting is not None:  # vLLM's Prometheus logger counts the skipped ones as waiting (newer releases)
+            s.waiting = waiting + getattr(scheduler_stats, "num_skipped_waiting_reqs", 0)
         if pcs is not None:
-            s.prefix_cache_queries = _get(pcs, "queries", 0, missing)
-            s.prefix_cache_hits = _get(pcs, "hits", 0, missing)
-        sds = _get(scheduler_stats, "spec_decoding_stats", None, missing)
+            s.prefix_cache_queries, s.prefix_cache_hits = _PREFIX_CACHE.read(pcs, missing)
         if sds is not None:
-            s.num_spec_tokens = _get(sds, "num_spec_tokens", None, missing)
-            s.drafts = _get(sds, "num_drafts", 0, missing)
-            s.draft_tokens = _get(sds, "num_draft_tokens", 0, missing)
-            s.accepted = _get(sds, "num_accepted_tokens", 0, missing)
-            s.accepted_per_pos = _get(sds, "num_accepted_tokens_per_pos", (), missing)
-            s.draft_tokens_per_pos = _get(sds, "num_draft_tokens_per_pos", (), missing)
+            (s.num_spec_tokens, s.drafts, s.draft_tokens, s.accepted, s.accepted_per_pos,
+             s.draft_tokens_per_pos) = _SPEC.read(sds, missing)
             s.rejections = rejections(s.drafts, s.accepted_per_pos, s.draft_tokens_per_pos)
     if iteration_stats is not None:
-        s.prompt_tokens = _get(iteration_stats, "num_prompt_tokens", 0, missing)
-        s.generation_tokens = _get(iteration_stats, "num_generation_tokens", 0, missing)
-        s.preemptions = _get(iteration_stats, "num_preempted_reqs", 0, missing)
-        finished = _get(iteration_stats, "finished_requests", (), missing)
-        s.finished = len(finished)
-        s.finished_tokens = sum(_get(f, "num_prompt_tokens", 0, missing) + _get(f, "num_generation_tokens", 0, missing)
-                                for f in finished)
+        s.prompt_tokens, s.generation_tokens, s.preemptions, finished, itl, ttft = _ITERATION.read(
+            iteration_stats, missing)
+        if finished:
+            s.finished = len(finished)
+            s.finished_tokens = sum(sum(_FINISHED_TOKENS.read(f, missing)) for f in finished)
         if s.running is not None:
-            _time(s, _get(iteration_stats, "inter_token_latencies_iter", None, missing),
-                  _get(iteration_stats, "time_to_first_tokens_iter", None, missing))
+            _time(s, itl, ttft)
     return s
 
 
@@ -300,8 +318,9 @@ def finished_requests(iteration_stats: Any) -> list[Finished]:
             fields["trace_context"] = tuple(sorted(carrier.items()))
         if vllm_span:
             fields["vllm_span"] = vllm_span
-        fields.update(spec_fields(metrics))
-        out.append(Finished(str(rid) if index is None else f"{rid}#{index}", fields, per_step_counts(metrics), True))
+        d = None if metrics is None else metrics.to_dict()
+        fields.update(spec_fields(d))
+        out.append(Finished(str(rid) if index is None else f"{rid}#{index}", fields, per_step_counts(d), True))
     return out
 
 
@@ -328,7 +347,7 @@ def per_step_counts(metrics: Any) -> tuple[list[int], list[int]] | None:
     accepted, drafted = d.get("per_step_accepted"), d.get("per_step_drafted")
     if not accepted or not drafted:
         return None
-    return [int(x) for x in accepted], [int(x) for x in drafted]
+    return list(map(int, accepted)), list(map(int, drafted))
 
 
 def output_fields(output: Any) -> dict[str, Any]:
