@@ -214,7 +214,7 @@ class Ring:
         self.buckets = [Counts() for _ in range(size)]
         #: Every second before the current one, summed.
         self.past = past or Counts()
-        #: The second steps are being added to (its bucket is not in ``past`` yet); -1 before the first step.
+        #: The second steps are being added to (its bucket holds it and is not in ``past`` yet); -1 when none is.
         self.current = -1
 
     def add_step(self, second: int, values: tuple[int, ...], s: StepStats, timing: Timing | None) -> None:
@@ -223,12 +223,10 @@ class Ring:
             second = self.current
         i = second % self.size
         bucket = self.buckets[i]
-        if second != self.current:
+        if second != self.current:  # a new second: its slot's old contents are past the kept history
             self._close_current()
-            self.current = second
-            if self.seconds[i] != second:
-                self.seconds[i] = second
-                bucket.clear()
+            self.current = self.seconds[i] = second
+            bucket.clear()
         bucket.add_step(values, s, timing)
 
     def sum(self, now: int, window: int) -> Counts:
@@ -244,7 +242,7 @@ class Ring:
         """Everything ever added."""
         total = Counts()
         total.add(self.past)
-        if self.current >= 0 and self.seconds[self.current % self.size] == self.current:
+        if self.current >= 0:
             total.add(self.buckets[self.current % self.size])
         return total
 
@@ -258,9 +256,8 @@ class Ring:
         return Ring(size, self.lifetime())
 
     def _close_current(self) -> None:
-        i = self.current % self.size
-        if self.current >= 0 and self.seconds[i] == self.current:
-            self.past.add(self.buckets[i])
+        if self.current >= 0:
+            self.past.add(self.buckets[self.current % self.size])
         self.current = -1
 
 

@@ -240,9 +240,8 @@ class Hub:
             stream.add_step(now, s)
             if s.num_spec_tokens is not None and self._engine.num_speculative_tokens is None:
                 self._engine = replace(self._engine, num_speculative_tokens=s.num_spec_tokens)
-            expired = self._requests.release_expired(now) if self._requests.waiting else None
-        if expired:
-            self._publish(expired)
+            expired = self._requests.release_expired(now)
+        self._publish(expired)
 
     def record_request(self, request_id: str, **fields: Any) -> None:
         """Add one source's part of a finished request (see :class:`RequestRecord` for the fields)."""

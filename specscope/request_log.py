@@ -94,12 +94,7 @@ class RequestLog:
         else:
             self._parts[request_id] = parts
             self._pending[request_id] = now
-        return done + self.release_expired(now) if self._pending else done
-
-    @property
-    def waiting(self) -> bool:
-        """Whether a record waits for another part."""
-        return bool(self._pending)
+        return done + self.release_expired(now)
 
     def release_expired(self, now: float) -> list[RequestRecord]:
         """Finalize the records that waited too long for their other part."""
