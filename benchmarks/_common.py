@@ -24,6 +24,24 @@ def per_call_ns(fn: Callable[[], Any], calls: int, repeats: int = 7) -> float:
     return statistics.median(samples)
 
 
+def paired_ns(baseline: Callable[[], Any], ours: Callable[[], Any], calls: int,
+              repeats: int = 15) -> tuple[float, float, float]:
+    """Mean nanoseconds per call of ``baseline`` and of ``ours``, timed in alternating rounds (this machine's speed
+    drifts by tens of percent over seconds); returns both medians and the median of the rounds' ratios."""
+    a, b, ratios = [], [], []
+    for _ in range(repeats):
+        ns = []
+        for fn in (baseline, ours):
+            t0 = time.perf_counter_ns()
+            for _ in range(calls):
+                fn()
+            ns.append((time.perf_counter_ns() - t0) / calls)
+        a.append(ns[0])
+        b.append(ns[1])
+        ratios.append(ns[1] / ns[0])
+    return statistics.median(a), statistics.median(b), statistics.median(ratios)
+
+
 def write(name: str, result: dict[str, Any]) -> None:
     """Print ``result`` and save it as benchmarks/results/NAME.json with the machine it ran on."""
     result = {"benchmark": name, "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),

@@ -61,7 +61,8 @@ def rejections(drafts: int, accepted_per_pos: Sequence[int], draft_tokens_per_po
         return 0
     k = len(accepted_per_pos)
     if len(draft_tokens_per_pos) != k or draft_tokens_per_pos.count(drafts) == k:  # every draft K long
-        return max(0, drafts - accepted_per_pos[-1])
+        full = accepted_per_pos[-1]
+        return drafts - full if drafts > full else 0
     out = 0
     reached_prev, proposed_prev = drafts, drafts
     for i in range(k):

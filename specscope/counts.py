@@ -8,6 +8,7 @@ lifetime.
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -72,17 +73,20 @@ def _add_into(dst: list[int], src: Sequence[int]) -> None:
         dst[i] += v
 
 
+def _column_sums(rows: list[Sequence[int]]) -> Sequence[int]:
+    """Per-position sums of several steps' arrays (of one length in practice: vLLM sizes them by K)."""
+    if len(rows) == 1:
+        return rows[0]
+    return [sum(col) for col in itertools.zip_longest(*rows, fillvalue=0)]
+
+
 def _pad(values: list[int], k: int) -> tuple[int, ...]:
     return tuple(values[:k]) + (0,) * max(0, k - len(values))
 
 
-@dataclass(slots=True)
-class Timing:
-    """How long one step took and at which batch size (see :class:`StepTimer`)."""
-
-    batch: int
-    decode_s: float | None = None
-    prefill_s: float | None = None
+#: How one step was timed (see :class:`StepTimer`): its batch size, its seconds, and whether it was pure decode
+#: (else it carried prefill).
+Timing = tuple[int, float, bool]
 
 
 class StepTimer:
@@ -107,12 +111,10 @@ class StepTimer:
             self._busy = bool(s.running or s.waiting)
         if not s.batch:
             return None
-        if s.decode_s is not None and not s.prefill:
-            return Timing(s.batch, decode_s=s.decode_s)
         if not s.prefill:
-            return None
+            return None if s.decode_s is None else (s.batch, s.decode_s, True)
         bounds = [b for b in ((now - prev) if busy and prev is not None else None, s.first_token_s) if b is not None]
-        return Timing(s.batch, prefill_s=min(bounds)) if bounds else None
+        return (s.batch, min(bounds), False) if bounds else None
 
 
 class Counts:
@@ -135,28 +137,32 @@ class Counts:
         self.dt_per_pos[:] = [0] * len(self.dt_per_pos)
         self.batches.clear()
 
-    def add_step(self, values: tuple[int, ...], s: StepStats, timing: Timing | None) -> None:
-        """Add one step (``values`` is :func:`scalars` of it, computed once for every interval it joins)."""
-        self.scalars[:] = map(operator.add, self.scalars, values)
-        if s.drafts:
-            _add_into(self.per_pos, s.accepted_per_pos)
-            _add_into(self.dt_per_pos, s.draft_tokens_per_pos)
-        if timing is None:
-            return
-        row = self.batches.get(timing.batch)
-        if row is None:
-            if len(self.batches) >= MAX_BATCH_SIZES:
-                return
-            row = self.batches[timing.batch] = [0, 0.0, 0, 0, 0.0, 0, 0]
-        if timing.decode_s is not None:
-            row[0] += 1
-            row[1] += timing.decode_s
-            row[2] += s.generation_tokens
-        else:
-            row[3] += 1
-            row[4] += timing.prefill_s or 0.0
-            row[5] += s.generation_tokens
-            row[6] += s.first_tokens
+    def add_steps(self, steps: Sequence[StepStats], timings: Sequence[Timing | None]) -> None:
+        """Add consecutive steps of one engine, each with its timing (None: untimed)."""
+        self.scalars[:] = map(sum, zip(self.scalars, *map(scalars, steps), strict=True))
+        drafting = [s for s in steps if s.drafts]
+        if drafting:
+            _add_into(self.per_pos, _column_sums([s.accepted_per_pos for s in drafting]))
+            _add_into(self.dt_per_pos, _column_sums([s.draft_tokens_per_pos for s in drafting]))
+        batches = self.batches
+        for s, timing in zip(steps, timings, strict=True):
+            if timing is None:
+                continue
+            batch, seconds, decode = timing
+            row = batches.get(batch)
+            if row is None:
+                if len(batches) >= MAX_BATCH_SIZES:
+                    continue
+                row = batches[batch] = [0, 0.0, 0, 0, 0.0, 0, 0]
+            if decode:
+                row[0] += 1
+                row[1] += seconds
+                row[2] += s.generation_tokens
+            else:
+                row[3] += 1
+                row[4] += seconds
+                row[5] += s.generation_tokens
+                row[6] += s.first_tokens
 
     def add(self, other: Counts) -> None:
         """Add another interval's counts."""
@@ -217,8 +223,8 @@ class Ring:
         #: The second steps are being added to (its bucket holds it and is not in ``past`` yet); -1 when none is.
         self.current = -1
 
-    def add_step(self, second: int, values: tuple[int, ...], s: StepStats, timing: Timing | None) -> None:
-        """Add a step to the bucket of ``second`` (a clock that stepped back adds to the current second's)."""
+    def bucket(self, second: int) -> Counts:
+        """The bucket steps of ``second`` are added to (a clock that stepped back gets the current second's)."""
         if second < self.current:
             second = self.current
         i = second % self.size
@@ -227,7 +233,7 @@ class Ring:
             self._close_current()
             self.current = self.seconds[i] = second
             bucket.clear()
-        bucket.add_step(values, s, timing)
+        return bucket
 
     def sum(self, now: int, window: int) -> Counts:
         """The counts of the last ``window`` seconds up to ``now``."""
@@ -278,17 +284,33 @@ class EngineStream:
         self.decode_batch: int | None = None
         self.updated_at: float | None = None
 
-    def add_step(self, now: float, s: StepStats) -> None:
-        """Add one step of this engine (the caller holds the hub's lock)."""
-        values = scalars(s)
-        timing = self.timer.time(now, s)
-        if timing is not None and timing.decode_s is not None:
-            self.decode_batch = timing.batch
-        self.ring.add_step(int(now), values, s, timing)
-        if s.running is not None:
-            self.running, self.waiting, self.updated_at = s.running, s.waiting, now
-        if s.kv_usage is not None:
-            self.kv_usage = s.kv_usage
-        self.live_tokens = max(0, self.live_tokens + s.prompt_tokens + s.generation_tokens - s.finished_tokens)
-        if s.running == 0 and not s.waiting:
-            self.live_tokens = 0  # this engine is idle: nothing can be held, whatever the estimate drifted to
+    def add_steps(self, steps: Sequence[tuple[float, StepStats]]) -> None:
+        """Add consecutive steps of this engine, each with the time it was reported (the caller holds the hub's
+        lock); the steps of one second are added to its bucket together."""
+        timer, start, n = self.timer, 0, len(steps)
+        while start < n:
+            second = int(steps[start][0])
+            end = start + 1
+            while end < n and int(steps[end][0]) == second:
+                end += 1
+            part = steps[start:end] if start or end < n else steps
+            timings = [timer.time(now, s) for now, s in part]
+            self.ring.bucket(second).add_steps([s for _, s in part], timings)
+            last = next((t for t in reversed(timings) if t is not None and t[2]), None)
+            if last is not None:
+                self.decode_batch = last[0]
+            start = end
+        live = self.live_tokens
+        for now, s in steps:  # the gauges and the KV estimate, step by step
+            if s.kv_usage is not None:
+                self.kv_usage = s.kv_usage
+            running = s.running
+            if running is not None:
+                self.running, self.waiting, self.updated_at = running, s.waiting, now
+                if running == 0 and not s.waiting:
+                    live = 0  # this engine is idle: nothing can be held, whatever the estimate drifted to
+                    continue
+            live += s.prompt_tokens + s.generation_tokens - s.finished_tokens
+            if live < 0:
+                live = 0
+        self.live_tokens = live

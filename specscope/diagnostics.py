@@ -146,17 +146,20 @@ def usable_baseline(snap: Snapshot) -> StepProfile | None:
 
 
 def measured_cost(snap: Snapshot, batch_size: int) -> CostRatio | None:
-    """c at ``batch_size`` from live step times against the baseline; None without both."""
+    """c at ``batch_size`` from live step times against the baseline; None without both, or where a speculative
+    step measures faster than the baseline's plain one."""
     k = snap.engine.k_at(batch_size)
     base = usable_baseline(snap)
     if base is None or not k:
         return None
     t_spec, t_plain = _spec_step_time(snap, batch_size), base.at(batch_size, MIN_STEPS)
-    if t_spec is None or not t_plain:
+    if t_spec is None or not t_plain or t_spec < t_plain:
+        # A speculative step verifies K+1 tokens a request: faster than a plain step, it says the baseline is not
+        # comparable now (taken while the machine ran slower, or elsewhere), not that speculation is free.
         return None
     sizes = snap.cost_ratio
     return CostRatio(
-        max(0.0, (t_spec / t_plain - 1.0) / k),
+        (t_spec / t_plain - 1.0) / k,
         f"measured at batch {batch_size}: {1e3 * t_spec:.1f} ms per speculative step, "
         f"{1e3 * t_plain:.1f} ms without speculation ({base.source})",
         sizes.target_params if sizes else None,
@@ -239,7 +242,8 @@ def _basis(cost: CostRatio, measured: bool) -> str:
 
 
 def estimate(snap: Snapshot, cost: CostRatio | None = None, batch_size: int | None = None) -> SpeedupEstimate | None:
-    """The estimate at ``batch_size`` (default: the last decode step's batch); None without the inputs.
+    """The estimate at ``batch_size`` (default: the snapshot's operating batch, ``decode_batch``); None without the
+    inputs.
 
     c is, in order: ``cost`` if given, measured against a usable baseline, the verify model for model-free
     methods, else the snapshot's estimate from parameters.

@@ -15,6 +15,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -41,6 +42,8 @@ log = logging.getLogger("specscope")
 
 #: A finished-request consumer; runs on the hub's dispatch thread, never in the engine's.
 Listener = Callable[[RequestRecord], None]
+#: A finished request's per-step accepted and drafted token counts (vLLM's ``detailed`` metrics).
+PerStep = tuple[Sequence[int], Sequence[int]]
 #: A polled source of GPU memory readings (see :mod:`specscope.collectors`).
 GpuSource = Callable[[], GpuMemory]
 
@@ -120,6 +123,7 @@ class Hub:
         self._queue: queue.Queue[RequestRecord] = queue.Queue(maxsize=10_000)
         self._dispatcher: threading.Thread | None = None
         self._share: Any = None
+        self._pending_sources: list[weakref.WeakMethod[Callable[[], None]]] = []
 
     # ----------------------------------------------------------------- configuration
     @property
@@ -184,6 +188,27 @@ class Hub:
         log.warning("specscope: baseline not used: %s; run `specscope calibrate` on this setup", self._baseline_problem)
 
     @property
+    def clock(self) -> Callable[[], float]:
+        """The hub's clock (``time.time`` unless a test gave another)."""
+        return self._clock
+
+    def add_pending_source(self, flush: Callable[[], None]) -> None:
+        """A writer that keeps steps before adding them (the stat logger): ``flush`` (a bound method, held weakly)
+        is called before every read, so that readers see every step recorded so far."""
+        with self._lock:
+            self._pending_sources = [w for w in self._pending_sources if w() is not None]
+            self._pending_sources.append(weakref.WeakMethod(flush))
+
+    def _flush_pending(self) -> None:
+        for ref in self._pending_sources:
+            flush = ref()
+            if flush is not None:
+                try:
+                    flush()
+                except Exception as exc:
+                    self.count_error("stat logger flush", exc)
+
+    @property
     def tokenizer_status(self) -> TokenizerStatus | None:
         """The tokenizer verdict recorded so far, if any."""
         return self._tokenizer
@@ -231,16 +256,23 @@ class Hub:
 
     # ----------------------------------------------------------------- writers (engine path)
     def record_step(self, s: StepStats, engine: int = 0) -> None:
-        """Add one step of the data-parallel engine ``engine`` (vLLM's ``engine_idx``; 0 without DP)."""
-        now = self._clock()
+        """Add one step of the data-parallel engine ``engine`` (vLLM's ``engine_idx``; 0 without DP), now."""
+        self.record_steps(engine, [(self._clock(), s)])
+
+    def record_steps(self, engine: int, steps: Sequence[tuple[float, StepStats]]) -> None:
+        """Add consecutive steps of ``engine``, each with the hub-clock time it was reported at."""
+        if not steps:
+            return
         with self._lock:
             stream = self._streams.get(engine)
             if stream is None:
                 stream = self._streams[engine] = EngineStream(self._ring_size)
-            stream.add_step(now, s)
-            if s.num_spec_tokens is not None and self._engine.num_speculative_tokens is None:
-                self._engine = replace(self._engine, num_speculative_tokens=s.num_spec_tokens)
-            expired = self._requests.release_expired(now)
+            stream.add_steps(steps)
+            if self._engine.num_speculative_tokens is None:
+                k = next((s.num_spec_tokens for _, s in steps if s.num_spec_tokens is not None), None)
+                if k is not None:
+                    self._engine = replace(self._engine, num_speculative_tokens=k)
+            expired = self._requests.release_expired(steps[-1][0])
         self._publish(expired)
 
     def record_request(self, request_id: str, **fields: Any) -> None:
@@ -250,6 +282,18 @@ class Hub:
             done = self._requests.add_part(request_id, now, fields)
         self._publish(done)
 
+    def record_finished(self, requests: Sequence[tuple[float, str, dict[str, Any], PerStep | None]]) -> None:
+        """Add parts of requests that finished in the engine: ``(hub-clock time, request id, fields, per-step draft
+        counts)``, the counts where vLLM kept them (see :meth:`record_draft_positions`)."""
+        done: list[RequestRecord] = []
+        with self._lock:
+            log = self._requests
+            for now, request_id, fields, per_step in requests:
+                done += log.add_part(request_id, now, fields)
+                if per_step is not None:
+                    log.add_positions(*per_step)
+        self._publish(done)
+
     def record_draft_positions(self, per_step_accepted: Sequence[int], per_step_drafted: Sequence[int]) -> None:
         """Add one finished request's per-step draft counts (vLLM's ``detailed`` metrics) by output position."""
         with self._lock:
@@ -257,6 +301,7 @@ class Hub:
 
     def has_request(self, request_id: str) -> bool:
         """Whether a record for ``request_id`` is held."""
+        self._flush_pending()
         with self._lock:
             return request_id in self._requests.recent
 
@@ -298,6 +343,7 @@ class Hub:
 
     def local_snapshot(self) -> Snapshot:
         """An immutable view of everything this process recorded: the engines' sums, and each engine on its own."""
+        self._flush_pending()
         gpu = self._poll_gpu()
         with self._lock:
             now = self._clock()
@@ -316,15 +362,17 @@ class Hub:
                     index=index, lifetime=lifetime.totals(now - self._started, k), window=window_totals,
                     running=stream.running, waiting=stream.waiting,
                     kv=_kv(info, stream.kv_usage, stream.live_tokens, window_totals.prefix_cache_hits > 0),
-                    decode_batch=stream.decode_batch, updated_at=stream.updated_at))
+                    decode_batch=window_totals.step_times.busiest() or stream.decode_batch,
+                    updated_at=stream.updated_at))
             requests = self._requests
             spec_on = k is not None
+            fleet_window = window.totals(window_len, k)
             return Snapshot(
                 time=now,
                 started_at=self._started,
                 engine=info,
                 lifetime=life.totals(now - self._started, k),
-                window=window.totals(window_len, k),
+                window=fleet_window,
                 window_seconds=self._window_s,
                 running=_sum(e.running for e in engines),
                 waiting=_sum(e.waiting for e in engines),
@@ -340,7 +388,8 @@ class Hub:
                 cost_ratio=self._cost_ratio,
                 baseline=self._baseline,
                 baseline_problem=self._baseline_problem,
-                decode_batch=next((e.decode_batch for e in engines if e.decode_batch), None),
+                decode_batch=fleet_window.step_times.busiest()
+                or next((e.decode_batch for e in engines if e.decode_batch), None),
                 acceptance_by_output_position=requests.positions(),
                 health=Health(
                     errors=tuple(sorted(self._errors.items())),

@@ -110,8 +110,9 @@ def _merge_engines(snaps: Sequence[Snapshot]) -> tuple[EngineView, ...]:
                 out[e.index] = e
                 continue
             newer = e if (e.updated_at or 0.0) >= (o.updated_at or 0.0) else o  # the gauges last reported
-            out[e.index] = replace(newer, lifetime=add_totals(o.lifetime, e.lifetime),
-                                   window=add_totals(o.window, e.window))
+            window = add_totals(o.window, e.window)
+            out[e.index] = replace(newer, lifetime=add_totals(o.lifetime, e.lifetime), window=window,
+                                   decode_batch=window.step_times.busiest() or newer.decode_batch)
     return tuple(out[i] for i in sorted(out))
 
 
@@ -170,7 +171,7 @@ def merge(snaps: Sequence[Snapshot], max_requests: int = 1000) -> Snapshot:
         time_per_output_token=hists[4],
         tokenizer=first.tokenizer or next((s.tokenizer for s in snaps if s.tokenizer), None),
         cost_ratio=first.cost_ratio or next((s.cost_ratio for s in snaps if s.cost_ratio), None),
-        decode_batch=first.decode_batch or next((s.decode_batch for s in snaps if s.decode_batch), None),
+        decode_batch=window.step_times.busiest() or next((s.decode_batch for s in snaps if s.decode_batch), None),
         acceptance_by_output_position=positions,
         health=health,
         engines=engines,

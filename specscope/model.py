@@ -165,6 +165,12 @@ class StepProfile:
                 return t0 + (t1 - t0) * (batch_size - b0) / (b1 - b0)
         return next((t for b, t in pts if b == batch_size), None)
 
+    def busiest(self) -> int | None:
+        """The batch size the engine spent the most decode time at (its operating batch); None without decode steps.
+        A draining batch's last steps, or a request prefilled alone before its batch joined, do not move it."""
+        best = max(self.times, key=lambda t: t.steps * t.mean_s, default=None)
+        return best.batch_size if best is not None and best.steps else None
+
 
 @dataclass(frozen=True, slots=True)
 class Totals:
@@ -526,7 +532,8 @@ class Snapshot:
     time_per_output_token: Histogram | None = None
     tokenizer: TokenizerStatus | None = None
     cost_ratio: CostRatio | None = None
-    #: The same target's step times without speculation; why it is not used, if it is not; the last decode batch.
+    #: The same target's step times without speculation; why it is not used, if it is not; the operating batch (the
+    #: window's busiest decode batch size, else the last decode step's), at which the verdict is given.
     baseline: StepProfile | None = None
     baseline_problem: str | None = None
     decode_batch: int | None = None

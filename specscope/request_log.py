@@ -10,6 +10,8 @@ its lock.
 from __future__ import annotations
 
 import bisect
+import itertools
+import operator
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import replace
@@ -113,17 +115,20 @@ class RequestLog:
     def add_positions(self, per_step_accepted: Sequence[int], per_step_drafted: Sequence[int]) -> None:
         """One finished request's per-step draft counts, binned by the output position each step drafted at."""
         self._positions_seen = True
-        position = 1  # the first token comes from prefill
+        n = min(len(per_step_accepted), len(per_step_drafted))
+        if not n:
+            return
+        # Step i drafts at 1 + the tokens before it (the first token comes from prefill; a step adds accepted + 1).
+        starts = list(itertools.accumulate(map(operator.add, per_step_accepted[:n - 1], itertools.repeat(1)),
+                                           initial=1))
         rows, bounds = self._positions, OUTPUT_POSITION_BOUNDS
-        b = bisect.bisect_right(bounds, position)
-        row, limit = rows[b], bounds[b] if b < len(bounds) else None
-        for accepted, drafted in zip(per_step_accepted, per_step_drafted, strict=False):
-            while limit is not None and position >= limit:  # positions only grow: step to the next bin
-                b += 1
-                row, limit = rows[b], bounds[b] if b < len(bounds) else None
-            row[0] += drafted
-            row[1] += accepted
-            position += accepted + 1
+        b, lo = bisect.bisect_right(bounds, 1), 0
+        while lo < n:  # positions only grow: each bin takes the steps up to its bound
+            hi = bisect.bisect_left(starts, bounds[b], lo) if b < len(bounds) else n
+            if hi > lo:
+                rows[b][0] += sum(per_step_drafted[lo:hi])
+                rows[b][1] += sum(per_step_accepted[lo:hi])
+            lo, b = hi, b + 1
 
     def positions(self) -> PositionAcceptance | None:
         """Acceptance by output position, once detailed per-request metrics came in."""

@@ -121,6 +121,7 @@ def uninstrument(engine: Any) -> None:
     if state is None:
         return
     _hub, stat_logger, removed, patched = state
+    stat_logger.flush()  # the steps it holds go to its hub
     if patched is not None:
         target.__dict__.pop(patched, None)
     manager = target.logger_manager

@@ -151,3 +151,27 @@ def start_prometheus(jobs: dict[str, str], tmp: Path, up_within_s: float = 90,
         time.sleep(0.5)
     proc.terminate()
     raise RuntimeError(f"{kind} did not scrape {sorted(jobs)} within {up_within_s:.0f} s")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run each engine configuration's tests together. pytest groups a module-scoped parametrized fixture by the
+    *index* of its parameter, and an indirect parametrization (``["copy"]``) numbers from 0 again, so each such
+    test would restart an engine (~35 s). Within a module the tests are stably sorted by their ``run`` value."""
+    start = 0
+    while start < len(items):
+        end = start
+        while end < len(items) and items[end].module is items[start].module:  # type: ignore[attr-defined]
+            end += 1
+        block = items[start:end]
+        order: dict[Any, int] = {}
+        for item in block:
+            order.setdefault(_engine_param(item), len(order))
+        if len(order) > 1:
+            items[start:end] = sorted(block, key=lambda item: order[_engine_param(item)])
+        start = end
+
+
+def _engine_param(item: pytest.Item) -> Any:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("run") if callspec is not None else None

@@ -126,6 +126,22 @@ def test_hub_times_decode_steps_and_prefill_by_batch_size() -> None:
     assert d["batch_size"] == 1 and d["steps"] == 4 and d["mean_s"] == pytest.approx(0.005)
 
 
+def test_the_verdict_is_given_at_the_batch_the_engine_spends_its_decode_time_at() -> None:
+    """A batch of 8 that drains to 1 (its last request decoding alone, as speculation's requests finish apart) is
+    judged at 8, the window's busiest batch, not at the tail's 1; an idle window falls back to the last batch."""
+    clock = Clock()
+    hub = Hub(clock=clock, window_s=30.0)
+    for batch, n in ((8, 20), (2, 3), (1, 2)):
+        for _ in range(n):
+            clock.t += 0.1
+            hub.record_step(StepStats(running=batch, waiting=0, generation_tokens=batch, batch=batch, decode_s=0.1))
+    snap = hub.snapshot()
+    assert snap.decode_batch == 8 and snap.engines[0].decode_batch == 8
+    assert snap.window.step_times.busiest() == 8
+    clock.t += 60
+    assert hub.snapshot().decode_batch == 1  # nothing in the window: the last decode step's batch
+
+
 def test_a_prefill_step_inside_a_busy_stretch_is_timed_by_the_gap_since_the_last_report() -> None:
     clock = Clock()
     hub = Hub(clock=clock)
@@ -173,6 +189,20 @@ def speculative_hub(clock: Clock, accepted: int = 3) -> Hub:
     return hub
 
 
+def test_a_baseline_slower_than_the_speculative_steps_is_not_taken_as_free_speculation() -> None:
+    """A speculative step verifies K+1 tokens a request, so it cannot be faster than a plain one: a baseline
+    taken while the machine ran slower gives no measured c (never c = 0, where every K would pay); the estimate
+    falls back to the parameter counts. A comparable baseline at the other batch size is still used there."""
+    clock = Clock()
+    hub = speculative_hub(clock)  # speculative steps: 8 ms at batch 1, 30 ms at batch 16
+    hub.set_baseline(StepProfile((StepTime(1, 50, 0.0036), StepTime(16, 50, 0.040)), "slow day", SETUP))
+    snap = hub.snapshot()
+    sixteen, one = estimate(snap, batch_size=16), estimate(snap, batch_size=1)
+    assert sixteen is not None and not sixteen.measured and sixteen.cost_ratio == 1.0
+    assert sixteen.cost_basis == "parameter counts"
+    assert one is not None and one.measured and one.cost_ratio == pytest.approx((0.008 / 0.0036 - 1) / 4)
+
+
 def test_measured_estimate_uses_observed_tokens_and_step_times_by_batch_size(tmp_path: Path) -> None:
     clock = Clock()
     hub = speculative_hub(clock)
@@ -193,7 +223,7 @@ def test_measured_estimate_uses_observed_tokens_and_step_times_by_batch_size(tmp
     assert one.prefill_share == pytest.approx(rho / (1 + rho))
     assert sixteen.decode_speedup == pytest.approx(tokens * 0.0060 / 0.030) and not sixteen.pays
     assert "measured at batch 16: 30.0 ms per speculative step, 6.0 ms without speculation" in sixteen.explain()
-    assert estimate(snap) == sixteen  # the last decode batch is the default
+    assert estimate(snap) == sixteen  # the operating batch (here the last decode batch: the window is idle)
     assert by_batch_line([one, sixteen]) == (f"by batch size 1: {one.expected_speedup:.2f}x  16: "
                                              f"{sixteen.expected_speedup:.2f}x; pays at batch 1, not at 16")
 

@@ -83,6 +83,40 @@ def test_lifetime_counts_every_step_once_past_the_kept_history() -> None:
     assert snap.window.steps == 2 * (40 - 26)  # the steps since the longer window began (under 8 s ago)
 
 
+def test_steps_added_in_batches_count_as_steps_added_one_by_one() -> None:
+    """The stat logger adds a few steps at a time: batches spanning several seconds, a clock step back, steps
+    carrying prefill, timed decode steps of several batch sizes and draft lengths give the same lifetime, window,
+    step times, gauges and KV estimate as the same steps added one at a time."""
+    import random
+
+    rng = random.Random(7)
+    t, steps = 1_000_000.0, []
+    for i in range(300):
+        t += rng.choice((0.05, 0.2, 0.45, -0.3, 1.2))
+        batch = rng.choice((1, 2, 8))
+        accepted = [rng.randrange(5) for _ in range(batch)]
+        prefill = i % 9 == 0
+        s = spec_step(batch, accepted, running=batch - (i % 5 == 0), waiting=i % 3, kv_usage=i / 300,
+                      prompt_tokens=30 * prefill, generation_tokens=batch + sum(accepted), finished=i % 5 == 0,
+                      finished_tokens=40 * (i % 5 == 0), batch=batch, prefill=prefill, first_tokens=prefill,
+                      first_token_s=0.2 if prefill else None, decode_s=None if prefill else 0.01 * batch)
+        if i % 7 == 0:  # drafts of mixed lengths
+            s.draft_tokens_per_pos = [batch, batch, max(0, batch - 1), 0]
+        steps.append((t, s))
+    clock = Clock(t)
+    one, batched = Hub(window_s=5, history_s=8, clock=clock), Hub(window_s=5, history_s=8, clock=clock)
+    for step in steps:
+        one.record_steps(3, [step])
+    i = 0
+    while i < len(steps):
+        n = rng.randrange(1, 40)
+        batched.record_steps(3, steps[i:i + n])
+        i += n
+    a, b = one.snapshot(), batched.snapshot()
+    assert a.lifetime.steps == 300 and a.window.steps > 0
+    assert (a.lifetime, a.window, a.engines, a.kv) == (b.lifetime, b.window, b.engines, b.kv)
+
+
 def test_window_rate_uses_elapsed_time_while_young_and_resets() -> None:
     clock = Clock()
     hub = Hub(window_s=60, clock=clock)

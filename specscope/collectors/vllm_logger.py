@@ -10,17 +10,22 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections import deque
 from typing import Any
 
 from vllm.v1.metrics.loggers import AggregateStatLoggerBase
 
 from specscope.collectors import vllm_hook, vllm_reader
+from specscope.counts import StepStats
 from specscope.hub import Hub, default_hub
 
 log = logging.getLogger("specscope")
 _exports_started = False
 _version_checked = False
 _share: Any = None
+#: The most steps, and seconds, the stat logger keeps before adding them to the hub (readers flush at once).
+BATCH_STEPS = 64
+BATCH_S = 1.0
 
 
 class SpecscopeStatLogger(AggregateStatLoggerBase):
@@ -32,6 +37,10 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
     def __init__(self, vllm_config: Any, engine_indexes: list[int] | None = None) -> None:
         self.target: Hub = type(self).hub or default_hub()
         self.vllm_config = vllm_config
+        self._clock = self.target.clock
+        self._pending: deque[tuple[Any, ...]] = deque()
+        self._flushing = threading.Lock()
+        self.target.add_pending_source(self.flush)
         self.engine_indexes = list(engine_indexes or [0])
         self._hook_failures = vllm_hook.failures
         if vllm_hook.install():
@@ -76,24 +85,68 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
         mm_cache_stats: Any = None,
         engine_idx: int = 0,
     ) -> None:
-        """Called by vLLM after every engine step."""
+        """Called by vLLM after every engine step: the step's stats are kept as vLLM made them (new objects every
+        step, never touched again) and added to the hub in batches (:meth:`flush`): every :data:`BATCH_STEPS`
+        steps, :data:`BATCH_S` seconds after the first step kept, when the engine goes idle, and whenever the hub
+        is read (a snapshot, an export, an alert evaluation)."""
+        try:
+            now = self._clock()
+            finished = iteration_stats is not None and iteration_stats.finished_requests
+            pending = self._pending
+            pending.append((now, engine_idx, scheduler_stats, iteration_stats,
+                            vllm_hook.OPERATION.get() if finished else None))
+            try:
+                oldest = pending[0][0]
+            except IndexError:  # a reader flushed them already
+                return
+            if (len(pending) >= BATCH_STEPS or now - oldest >= BATCH_S
+                    or (scheduler_stats is not None and not (getattr(scheduler_stats, "num_running_reqs", 1)
+                                                             or getattr(scheduler_stats, "num_waiting_reqs", 1)))):
+                self.flush()
+        except Exception as exc:
+            self.target.count_error("stat logger step", exc)
+
+    def flush(self) -> None:
+        """Add the steps recorded so far to the hub (from vLLM's thread or a reader's; one at a time)."""
+        with self._flushing:
+            pending = self._pending
+            rows = [pending.popleft() for _ in range(len(pending))]
+            if rows:
+                self._add(rows)
+
+    def _add(self, rows: list[tuple[Any, ...]]) -> None:
         hub = self.target
         missing: list[str] = []
-        try:
-            hub.record_step(vllm_reader.read_step(scheduler_stats, iteration_stats, missing), engine_idx)
-        except Exception as exc:
-            hub.count_error("stat logger step", exc)
+        by_engine: dict[int, list[tuple[float, StepStats]]] = {}
+        for now, engine, sched, it, _ in rows:
+            try:  # a step vLLM filled in a way this reader cannot read costs that step alone
+                step = vllm_reader.read_step(sched, it, missing)
+            except Exception as exc:
+                hub.count_error("stat logger step", exc)
+                continue
+            steps = by_engine.get(engine)
+            if steps is None:
+                steps = by_engine[engine] = []
+            steps.append((now, step))
+        for engine, steps in by_engine.items():
+            try:
+                hub.record_steps(engine, steps)
+            except Exception as exc:
+                hub.count_error("stat logger step", exc)
         if missing:
             hub.count_missing(missing)
-        if iteration_stats is None or not getattr(iteration_stats, "finished_requests", None):
-            return
         try:
-            operation = vllm_hook.OPERATION.get()
-            for fin in vllm_reader.finished_requests(iteration_stats):
-                fields = {**fin.fields, "operation": operation} if operation else fin.fields
-                hub.record_request(fin.request_id, engine=engine_idx, **fields)
-                if fin.per_step is not None:
-                    hub.record_draft_positions(*fin.per_step)
+            parts = []
+            for now, engine, _, it, operation in rows:
+                if it is None or not it.finished_requests:
+                    continue
+                for fin in vllm_reader.finished_requests(it):
+                    fin.fields["engine"] = engine
+                    if operation:
+                        fin.fields["operation"] = operation
+                    parts.append((now, fin.request_id, fin.fields, fin.per_step))
+            if parts:
+                hub.record_finished(parts)
         except Exception as exc:
             hub.count_error("stat logger requests", exc)
         if vllm_hook.failures != self._hook_failures:

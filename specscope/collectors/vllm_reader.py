@@ -192,7 +192,16 @@ class _Fields:
         try:
             return self._getter(obj)
         except AttributeError:
-            return tuple(_get(obj, n, d, missing) for n, d in zip(self._names, self._defaults, strict=True))
+            return self.read_each(obj, missing)
+
+    def read_each(self, obj: Any, missing: list[str] | None) -> tuple[Any, ...]:
+        """Each field on its own (the slow path, once a field is gone)."""
+        return tuple(_get(obj, n, d, missing) for n, d in zip(self._names, self._defaults, strict=True))
+
+    @property
+    def get(self) -> attrgetter[Any]:
+        """The one-call reader; raises AttributeError when a field is gone (then :meth:`read_each`)."""
+        return self._getter
 
 
 _SCHEDULER = _Fields(num_running_reqs=None, num_waiting_reqs=None, kv_cache_usage=None, prefix_cache_stats=None,
@@ -203,6 +212,7 @@ _SPEC = _Fields(num_spec_tokens=None, num_drafts=0, num_draft_tokens=0, num_acce
 _ITERATION = _Fields(num_prompt_tokens=0, num_generation_tokens=0, num_preempted_reqs=0, finished_requests=(),
                      inter_token_latencies_iter=None, time_to_first_tokens_iter=None)
 _FINISHED_TOKENS = _Fields(num_prompt_tokens=0, num_generation_tokens=0)
+_get_scheduler, _get_spec, _get_iteration = _SCHEDULER.get, _SPEC.get, _ITERATION.get
 
 
 def version_warning(version: str | None) -> str | None:
@@ -231,40 +241,49 @@ def read_step(scheduler_stats: Any, iteration_stats: Any, missing: list[str] | N
     Every field has a default: one that vLLM renamed is named in ``missing`` and costs only itself.
     """
     s = StepStats()
+    running = None
     if scheduler_stats is not None:
-        s.running, waiting, s.kv_usage, pcs, sds = _SCHEDULER.read(scheduler_stats, missing)
+        try:  # one C call per stats object; each field alone only once vLLM renamed one
+            running, waiting, s.kv_usage, pcs, sds = _get_scheduler(scheduler_stats)
+        except AttributeError:
+            running, waiting, s.kv_usage, pcs, sds = _SCHEDULER.read_each(scheduler_stats, missing)
+        s.running = running
         if waiting is not None:  # vLLM's Prometheus logger counts the skipped ones as waiting (newer releases)
             s.waiting = waiting + getattr(scheduler_stats, "num_skipped_waiting_reqs", 0)
         if pcs is not None:
             s.prefix_cache_queries, s.prefix_cache_hits = _PREFIX_CACHE.read(pcs, missing)
         if sds is not None:
-            (s.num_spec_tokens, s.drafts, s.draft_tokens, s.accepted, s.accepted_per_pos,
-             s.draft_tokens_per_pos) = _SPEC.read(sds, missing)
-            s.rejections = rejections(s.drafts, s.accepted_per_pos, s.draft_tokens_per_pos)
-    if iteration_stats is not None:
-        s.prompt_tokens, s.generation_tokens, s.preemptions, finished, itl, ttft = _ITERATION.read(
+            try:
+                s.num_spec_tokens, drafts, draft_tokens, accepted, per_pos, dt_per_pos = _get_spec(sds)
+            except AttributeError:
+                s.num_spec_tokens, drafts, draft_tokens, accepted, per_pos, dt_per_pos = _SPEC.read_each(sds, missing)
+            if drafts:
+                s.drafts, s.draft_tokens, s.accepted = drafts, draft_tokens, accepted
+                s.accepted_per_pos, s.draft_tokens_per_pos = per_pos, dt_per_pos
+                s.rejections = rejections(drafts, per_pos, dt_per_pos)
+    if iteration_stats is None:
+        return s
+    try:
+        s.prompt_tokens, s.generation_tokens, s.preemptions, finished, itl, ttft = _get_iteration(iteration_stats)
+    except AttributeError:
+        s.prompt_tokens, s.generation_tokens, s.preemptions, finished, itl, ttft = _ITERATION.read_each(
             iteration_stats, missing)
-        if finished:
-            s.finished = len(finished)
-            s.finished_tokens = sum(sum(_FINISHED_TOKENS.read(f, missing)) for f in finished)
-        if s.running is not None:
-            _time(s, itl, ttft)
-    return s
-
-
-def _time(s: StepStats, itl: Any, ttft: Any) -> None:
-    """Fill in the step's batch, whether it carried prefill, and a pure decode step's duration."""
-    if itl is None or ttft is None:
-        return
-    s.batch = (s.running or 0) + s.finished
-    s.prefill = bool(ttft) or len(itl) < s.batch
+    if finished:
+        s.finished = len(finished)
+        s.finished_tokens = sum(sum(_FINISHED_TOKENS.read(f, missing)) for f in finished)
+    if running is None or itl is None or ttft is None:
+        return s
+    # The step's batch, whether it carried prefill, and a pure decode step's duration.
+    batch = s.batch = running + s.finished
     if ttft:
-        s.first_tokens = len(ttft)
-        s.first_token_s = min(ttft)
-    if not s.prefill and itl:
+        s.prefill, s.first_tokens, s.first_token_s = True, len(ttft), min(ttft)
+    elif len(itl) < batch:
+        s.prefill = True
+    elif itl:
         lo, hi = min(itl), max(itl)
-        if hi - lo <= 1e-6 * max(1.0, hi):
+        if hi - lo <= 1e-6 * (hi if hi > 1.0 else 1.0):
             s.decode_s = lo
+    return s
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,23 +309,12 @@ def finished_requests(iteration_stats: Any) -> list[Finished]:
         return []
     out = []
     for f in getattr(iteration_stats, "finished_requests", ()):
-        rid = getattr(f, "request_id", None)
+        rid, reason, *values = _FINISHED.read(f, None)
         if rid is None:
             continue
-        reason = getattr(f, "finish_reason", None)
-        fields: dict[str, Any] = {
-            "finish_reason": str(reason).lower() if reason is not None else None,
-            "prompt_tokens": getattr(f, "num_prompt_tokens", None),
-            "generation_tokens": getattr(f, "num_generation_tokens", None),
-            "cached_tokens": getattr(f, "num_cached_tokens", None),
-            "preemptions": getattr(f, "num_preemptions", None),
-            "e2e_s": getattr(f, "e2e_latency", None),
-            "tpot_s": getattr(f, "mean_time_per_output_token", None),
-            "queued_s": getattr(f, "queued_time", None),
-            "prefill_s": getattr(f, "prefill_time", None),
-            "decode_s": getattr(f, "decode_time", None),
-            "ttft_s": getattr(f, "queued_time", 0.0) + getattr(f, "prefill_time", 0.0),
-        }
+        fields = dict(zip(_RECORD_FIELDS, values, strict=True))
+        fields["finish_reason"] = str(reason).lower() if reason is not None else None
+        fields["ttft_s"] = (fields["queued_s"] or 0.0) + (fields["prefill_s"] or 0.0)
         extra = getattr(f, HOOK_ATTRIBUTE, None)
         if extra is None:
             out.append(Finished(str(rid), fields))
@@ -324,12 +332,20 @@ def finished_requests(iteration_stats: Any) -> list[Finished]:
     return out
 
 
+#: RequestRecord fields read from vLLM's ``FinishedRequestStats``, by the stats' field names.
+_RECORD_FIELDS = ("prompt_tokens", "generation_tokens", "cached_tokens", "preemptions", "e2e_s", "tpot_s",
+                  "queued_s", "prefill_s", "decode_s")
+_FINISHED = _Fields(request_id=None, finish_reason=None, num_prompt_tokens=None, num_generation_tokens=None,
+                    num_cached_tokens=None, num_preemptions=None, e2e_latency=None, mean_time_per_output_token=None,
+                    queued_time=None, prefill_time=None, decode_time=None)
+
+
 def spec_fields(metrics: Any) -> dict[str, Any]:
     """RequestRecord fields from per-request speculative metrics: vLLM's object or the response's JSON dict."""
     if metrics is None:
         return {}
     d = metrics if isinstance(metrics, Mapping) else metrics.to_dict()
-    hist = tuple(int(x) for x in d["acceptance_histogram"])
+    hist = tuple(map(int, d["acceptance_histogram"]))
     return {
         "num_spec_tokens": int(d["num_spec_tokens"]),
         "spec_steps": int(d["num_spec_steps"]),

@@ -103,6 +103,38 @@ def test_stat_logger_feeds_the_hub_and_survives_garbage() -> None:
     assert errors and all(k.startswith("vllm field object.") for k in errors)  # the unknown object: its fields
 
 
+def test_steps_are_added_in_batches_that_readers_flush_and_a_bad_step_costs_only_itself() -> None:
+    """Steps with no finished request wait in the stat logger (vLLM makes new stats objects every step); a read
+    of the hub sees them all, in order, and a step this reader cannot read is counted and skipped alone."""
+    now = [1000.0]
+    hub = Hub(clock=lambda: now[0])
+
+    class Config:
+        model_config = None
+
+    logger = SpecscopeStatLogger.bound_to(hub)(Config(), [0])
+    wrong, _ = make_stats()
+    wrong.spec_decoding_stats.num_accepted_tokens_per_pos = 5
+    for sched in (make_stats()[0], wrong, make_stats()[0]):
+        logger.record(scheduler_stats=sched, iteration_stats=None, engine_idx=1)
+    assert len(logger._pending) == 3  # kept, not yet added
+    snap = hub.snapshot()
+    assert not logger._pending
+    assert snap.for_engine(1).lifetime.spec.accepted == 10 and snap.lifetime.steps == 2  # type: ignore[union-attr]
+    assert dict(snap.health.errors) == {"stat logger step": 1}
+    assert snap.engines[0].running == 3  # the gauges of the last step read
+    # A step after which the engine is idle is added at once, with the steps kept before it.
+    sched, it = make_stats()
+    logger.record(scheduler_stats=make_stats()[0], iteration_stats=it)
+    assert len(logger._pending) == 1  # a request finished, others run: kept
+    now[0] += 0.3
+    sched.num_running_reqs = sched.num_waiting_reqs = 0
+    logger.record(scheduler_stats=sched, iteration_stats=None)
+    assert not logger._pending and hub.has_request("req-1")
+    assert hub.snapshot().requests[-1].finished_at == 1000.0  # when its step was reported, not when it was added
+    assert hub.snapshot().for_engine(0).running == 0
+
+
 def test_rejections_are_read_per_step() -> None:
     sched, it = make_stats()
     s = vllm_reader.read_step(sched, it)

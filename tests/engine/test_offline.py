@@ -144,8 +144,20 @@ def test_faults_in_specscope_never_reach_the_engine(
     run: Any, baseline: list[list[int]], monkeypatch: Any, caplog: Any
 ) -> None:
     """A raising reader, listener and GPU source, and a listener that blocks: generation is untouched."""
-    llm, hub, _ = run
+    import specscope
+
+    llm, home, _ = run
+    hub = specscope.instrument(llm, Hub())  # a hub of its own: the faults stay out of the one later tests read
+    try:
+        _faults_never_reach_the_engine(llm, hub, baseline, monkeypatch, caplog)
+    finally:
+        specscope.instrument(llm, home)
+
+
+def _faults_never_reach_the_engine(llm: Any, hub: Hub, baseline: list[list[int]], monkeypatch: Any,
+                                   caplog: Any) -> None:
     from specscope.collectors import vllm_reader
+
 
     calls = {"n": 0}
     real_read_step = vllm_reader.read_step
