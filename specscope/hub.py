@@ -432,7 +432,9 @@ class Hub:
         return self._gpu.last
 
     def wait_idle(self, timeout: float = 5.0) -> bool:
-        """Block until every queued record reached the listeners (for tests and shutdown)."""
+        """Block until every record so far (steps kept by a writer included) reached the listeners (for tests and
+        shutdown)."""
+        self._flush_pending()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._queue.unfinished_tasks == 0:

@@ -25,7 +25,7 @@ _version_checked = False
 _share: Any = None
 #: The most steps, and seconds, the stat logger keeps before adding them to the hub (readers flush at once).
 BATCH_STEPS = 64
-BATCH_S = 1.0
+BATCH_S = 2.0
 
 
 class SpecscopeStatLogger(AggregateStatLoggerBase):
