@@ -192,16 +192,7 @@ class _Fields:
         try:
             return self._getter(obj)
         except AttributeError:
-            return self.read_each(obj, missing)
-
-    def read_each(self, obj: Any, missing: list[str] | None) -> tuple[Any, ...]:
-        """Each field on its own (the slow path, once a field is gone)."""
-        return tuple(_get(obj, n, d, missing) for n, d in zip(self._names, self._defaults, strict=True))
-
-    @property
-    def get(self) -> attrgetter[Any]:
-        """The one-call reader; raises AttributeError when a field is gone (then :meth:`read_each`)."""
-        return self._getter
+            return tuple(_get(obj, n, d, missing) for n, d in zip(self._names, self._defaults, strict=True))
 
 
 _SCHEDULER = _Fields(num_running_reqs=None, num_waiting_reqs=None, kv_cache_usage=None, prefix_cache_stats=None,
@@ -212,7 +203,6 @@ _SPEC = _Fields(num_spec_tokens=None, num_drafts=0, num_draft_tokens=0, num_acce
 _ITERATION = _Fields(num_prompt_tokens=0, num_generation_tokens=0, num_preempted_reqs=0, finished_requests=(),
                      inter_token_latencies_iter=None, time_to_first_tokens_iter=None)
 _FINISHED_TOKENS = _Fields(num_prompt_tokens=0, num_generation_tokens=0)
-_get_scheduler, _get_spec, _get_iteration = _SCHEDULER.get, _SPEC.get, _ITERATION.get
 
 
 def version_warning(version: str | None) -> str | None:
@@ -243,31 +233,22 @@ def read_step(scheduler_stats: Any, iteration_stats: Any, missing: list[str] | N
     s = StepStats()
     running = None
     if scheduler_stats is not None:
-        try:  # one C call per stats object; each field alone only once vLLM renamed one
-            running, waiting, s.kv_usage, pcs, sds = _get_scheduler(scheduler_stats)
-        except AttributeError:
-            running, waiting, s.kv_usage, pcs, sds = _SCHEDULER.read_each(scheduler_stats, missing)
+        running, waiting, s.kv_usage, pcs, sds = _SCHEDULER.read(scheduler_stats, missing)
         s.running = running
         if waiting is not None:  # vLLM's Prometheus logger counts the skipped ones as waiting (newer releases)
             s.waiting = waiting + getattr(scheduler_stats, "num_skipped_waiting_reqs", 0)
         if pcs is not None:
             s.prefix_cache_queries, s.prefix_cache_hits = _PREFIX_CACHE.read(pcs, missing)
         if sds is not None:
-            try:
-                s.num_spec_tokens, drafts, draft_tokens, accepted, per_pos, dt_per_pos = _get_spec(sds)
-            except AttributeError:
-                s.num_spec_tokens, drafts, draft_tokens, accepted, per_pos, dt_per_pos = _SPEC.read_each(sds, missing)
+            s.num_spec_tokens, drafts, draft_tokens, accepted, per_pos, dt_per_pos = _SPEC.read(sds, missing)
             if drafts:
                 s.drafts, s.draft_tokens, s.accepted = drafts, draft_tokens, accepted
                 s.accepted_per_pos, s.draft_tokens_per_pos = per_pos, dt_per_pos
                 s.rejections = rejections(drafts, per_pos, dt_per_pos)
     if iteration_stats is None:
         return s
-    try:
-        s.prompt_tokens, s.generation_tokens, s.preemptions, finished, itl, ttft = _get_iteration(iteration_stats)
-    except AttributeError:
-        s.prompt_tokens, s.generation_tokens, s.preemptions, finished, itl, ttft = _ITERATION.read_each(
-            iteration_stats, missing)
+    s.prompt_tokens, s.generation_tokens, s.preemptions, finished, itl, ttft = _ITERATION.read(
+        iteration_stats, missing)
     if finished:
         s.finished = len(finished)
         s.finished_tokens = sum(sum(_FINISHED_TOKENS.read(f, missing)) for f in finished)
