@@ -7,8 +7,9 @@ from a real VllmConfig of the tiny models. The decode step is the tiny 4-layer t
 specscope on a real engine in the same run (the smallest, cheapest step specscope is tested on: its worst case).
 specscope's record() keeps each step's stats and adds them to the hub in batches (every 64 steps here, where the
 engine never idles and nothing reads the hub): the cost per call is the total, batches included, over many calls.
-Batches are also cut after 2 s, so an engine whose steps take longer than 1/32 s adds fewer steps at a time: the
-same is measured with 16-step batches (steps of ~125 ms).
+Batches are also cut after 5 s and at every read of the hub, so an engine whose steps take longer than 78 ms, or
+a hub read often, adds fewer steps at a time: the same is measured with 16-step batches (steps of ~310 ms, or a
+reader every 16 steps).
 Goals: record() <= 0.25 x vLLM's Prometheus logger's; <= 0.5% of a decode step.
 Run: python benchmarks/bench_record.py
 """
@@ -86,7 +87,7 @@ def main() -> None:
     ns_prom, ns_ours, ratio = paired_ns(feeder(prom), feeder(ours), calls, repeats)
     counted = hub.snapshot().lifetime
     assert counted.steps == repeats * calls and counted.requests == repeats * calls // 8, counted  # all of them
-    # Batches are also cut after BATCH_S: on an engine whose steps take over 1/32 s they hold fewer steps.
+    # Batches are also cut after BATCH_S and at reads: on an engine with slow steps they hold fewer.
     vllm_logger.BATCH_STEPS = 16
     short = SpecscopeStatLogger.bound_to(Hub())(config, [0])
     _, ns_short, ratio_short = paired_ns(feeder(prom), feeder(short), calls, repeats)

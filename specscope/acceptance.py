@@ -57,19 +57,27 @@ def rejections(drafts: int, accepted_per_pos: Sequence[int], draft_tokens_per_po
     of mixed lengths in one step, the fewest rejections the counts allow (the profile maximum likelihood).
     Without per-position draft counts every draft is taken as K long.
     """
-    if not drafts or not accepted_per_pos:
-        return 0
-    k = len(accepted_per_pos)
-    if len(draft_tokens_per_pos) != k or draft_tokens_per_pos.count(drafts) == k:  # every draft K long
-        full = accepted_per_pos[-1]
-        return drafts - full if drafts > full else 0
-    out = 0
-    reached_prev, proposed_prev = drafts, drafts
-    for i in range(k):
-        # Drafts that reached position i (accepted i tokens) and proposed it: at least this many, given the counts.
-        trials = max(accepted_per_pos[i], reached_prev + draft_tokens_per_pos[i] - proposed_prev)
-        out += max(0, trials - accepted_per_pos[i])
-        reached_prev, proposed_prev = accepted_per_pos[i], draft_tokens_per_pos[i]
+    return rejections_per_step((drafts,), (accepted_per_pos,), (draft_tokens_per_pos,))[0]
+
+
+def rejections_per_step(drafts: Sequence[int], accepted_per_pos: Sequence[Sequence[int]],
+                        draft_tokens_per_pos: Sequence[Sequence[int]]) -> list[int]:
+    """:func:`rejections` of each of several steps."""
+    out = []
+    for n, accepted, proposed in zip(drafts, accepted_per_pos, draft_tokens_per_pos, strict=True):
+        k = len(accepted)
+        if not n or not k:
+            out.append(0)
+        elif len(proposed) != k or proposed.count(n) == k:  # every draft K long
+            out.append(n - accepted[-1] if n > accepted[-1] else 0)
+        else:
+            rejected, reached_prev, proposed_prev = 0, n, n
+            for reached, tried in zip(accepted, proposed, strict=True):
+                # Drafts that reached this position and proposed it: at least this many, given the counts.
+                trials = max(reached, reached_prev + tried - proposed_prev)
+                rejected += max(0, trials - reached)
+                reached_prev, proposed_prev = reached, tried
+            out.append(rejected)
     return out
 
 

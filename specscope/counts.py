@@ -1,7 +1,8 @@
-"""Interval counts, defined once: what one engine step adds, summed in one-second buckets and over the lifetime.
+"""Interval counts, defined once: what engine steps add, summed in one-second buckets and over the lifetime.
 
-:class:`StepStats` is one step as read from vLLM (:mod:`specscope.collectors.vllm_reader`); :class:`StepTimer`
-says how long it took; :class:`Counts` adds both up for an interval; :class:`Ring` keeps one ``Counts`` per
+:class:`StepStats` is one step; :class:`StepBatch` is consecutive steps of one engine column by column, as
+:mod:`specscope.collectors.vllm_reader` reads them from vLLM and as everything here counts them. :class:`StepTimer`
+says how long each step took; :class:`Counts` adds both up for an interval; :class:`Ring` keeps one ``Counts`` per
 second for the sliding window, preallocated so that memory stays flat, and folds each finished second into the
 lifetime.
 """
@@ -11,13 +12,19 @@ from __future__ import annotations
 import itertools
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import NamedTuple, cast
 
 from specscope.model import SpecCounts, StepProfile, StepTime, Totals
 
-#: The scalar counts of an interval, in the order :func:`scalars` produces them.
-SCALARS = ("steps", "prompt_tokens", "generation_tokens", "requests", "preemptions", "pc_queries", "pc_hits",
-           "drafts", "draft_tokens", "accepted", "rejections", "prefills")
+#: The scalar counts of an interval, each with the step field it sums (the only place that maps the two; ``steps``
+#: counts steps). Draft tokens, accepted tokens and rejections count only in steps that verified drafts.
+_SOURCES = (("steps", None), ("prompt_tokens", "prompt_tokens"), ("generation_tokens", "generation_tokens"),
+            ("requests", "finished"), ("preemptions", "preemptions"), ("pc_queries", "prefix_cache_queries"),
+            ("pc_hits", "prefix_cache_hits"), ("drafts", "drafts"), ("draft_tokens", "draft_tokens"),
+            ("accepted", "accepted"), ("rejections", "rejections"), ("prefills", "first_tokens"))
+SCALARS = tuple(name for name, _ in _SOURCES)
+_OF_DRAFTS = frozenset(("draft_tokens", "accepted", "rejections"))
 #: Distinct batch sizes kept per interval (vLLM's max_num_seqs is 256 to 1024 in practice).
 MAX_BATCH_SIZES = 1024
 
@@ -55,12 +62,52 @@ class StepStats:
     first_token_s: float | None = None
 
 
-def scalars(s: StepStats) -> tuple[int, ...]:
-    """One step's contribution to :data:`SCALARS`, in that order (the only place that maps the two)."""
-    spec = s.drafts > 0
-    return (1, s.prompt_tokens, s.generation_tokens, s.finished, s.preemptions, s.prefix_cache_queries,
-            s.prefix_cache_hits, s.drafts, s.draft_tokens if spec else 0, s.accepted if spec else 0,
-            s.rejections if spec else 0, s.first_tokens)
+class StepBatch(NamedTuple):
+    """Consecutive steps of one engine, column by column: the time each step was reported at (the hub's clock),
+    then one sequence per :class:`StepStats` field, of the same name, in the same order."""
+
+    times: Sequence[float]
+    running: Sequence[int | None]
+    waiting: Sequence[int | None]
+    kv_usage: Sequence[float | None]
+    preemptions: Sequence[int]
+    prefix_cache_queries: Sequence[int]
+    prefix_cache_hits: Sequence[int]
+    prompt_tokens: Sequence[int]
+    generation_tokens: Sequence[int]
+    finished: Sequence[int]
+    finished_tokens: Sequence[int]
+    num_spec_tokens: Sequence[int | None]
+    drafts: Sequence[int]
+    draft_tokens: Sequence[int]
+    accepted: Sequence[int]
+    accepted_per_pos: Sequence[Sequence[int]]
+    draft_tokens_per_pos: Sequence[Sequence[int]]
+    rejections: Sequence[int]
+    batch: Sequence[int | None]
+    decode_s: Sequence[float | None]
+    prefill: Sequence[bool]
+    first_tokens: Sequence[int]
+    first_token_s: Sequence[float | None]
+
+    @classmethod
+    def of(cls, steps: Sequence[tuple[float, StepStats]]) -> StepBatch:
+        """The batch of ``(time, step)`` pairs."""
+        return cls([t for t, _ in steps], *(zip(*map(_STEP_ROW, (s for _, s in steps)), strict=True)
+                                            if steps else [()] * len(STEP_FIELDS)))
+
+    def part(self, start: int, end: int) -> StepBatch:
+        """Steps ``start`` to ``end`` (excluded)."""
+        return StepBatch._make(column[start:end] for column in self)
+
+
+#: StepStats' fields, in order (StepBatch's columns after ``times``).
+STEP_FIELDS = tuple(f.name for f in fields(StepStats))
+_STEP_ROW = operator.attrgetter(*STEP_FIELDS)
+#: Per scalar: the StepBatch column it sums (None: it counts steps), and whether it counts only steps with drafts.
+_SUMMED = tuple((None if field is None else StepBatch._fields.index(field), name in _OF_DRAFTS)
+                for name, field in _SOURCES)
+_DRAFTS = StepBatch._fields.index("drafts")
 
 
 def _add_into(dst: list[int], src: Sequence[int]) -> None:
@@ -104,17 +151,27 @@ class StepTimer:
         self._last: float | None = None
         self._busy = False
 
-    def time(self, now: float, s: StepStats) -> Timing | None:
-        """The step's timing, or None when the step says too little (no batch: an idle or partial report)."""
-        prev, busy, self._last = self._last, self._busy, now
-        if s.running is not None:
-            self._busy = bool(s.running or s.waiting)
-        if not s.batch:
-            return None
-        if not s.prefill:
-            return None if s.decode_s is None else (s.batch, s.decode_s, True)
-        bounds = [b for b in ((now - prev) if busy and prev is not None else None, s.first_token_s) if b is not None]
-        return (s.batch, min(bounds), False) if bounds else None
+    def time(self, steps: StepBatch) -> list[Timing | None]:
+        """Each step's timing, or None where the step says too little (no batch: an idle or partial report)."""
+        out: list[Timing | None] = []
+        prev, busy = self._last, self._busy
+        for now, running, waiting, batch, prefill, decode_s, first_s in zip(
+                steps.times, steps.running, steps.waiting, steps.batch, steps.prefill, steps.decode_s,
+                steps.first_token_s, strict=True):
+            was_busy, last = busy, prev
+            prev = now
+            if running is not None:
+                busy = bool(running or waiting)
+            if not batch:
+                out.append(None)
+            elif not prefill:
+                out.append(None if decode_s is None else (batch, decode_s, True))
+            else:
+                gap = now - last if was_busy and last is not None else None
+                bound = first_s if gap is None else gap if first_s is None else min(gap, first_s)
+                out.append(None if bound is None else (batch, bound, False))
+        self._last, self._busy = prev, busy
+        return out
 
 
 class Counts:
@@ -137,15 +194,20 @@ class Counts:
         self.dt_per_pos[:] = [0] * len(self.dt_per_pos)
         self.batches.clear()
 
-    def add_steps(self, steps: Sequence[StepStats], timings: Sequence[Timing | None]) -> None:
+    def add_steps(self, steps: StepBatch, timings: Sequence[Timing | None]) -> None:
         """Add consecutive steps of one engine, each with its timing (None: untimed)."""
-        self.scalars[:] = map(sum, zip(self.scalars, *map(scalars, steps), strict=True))
-        drafting = [s for s in steps if s.drafts]
-        if drafting:
-            _add_into(self.per_pos, _column_sums([s.accepted_per_pos for s in drafting]))
-            _add_into(self.dt_per_pos, _column_sums([s.draft_tokens_per_pos for s in drafting]))
+        columns = cast(Sequence[Sequence[int]], steps)
+        drafts = columns[_DRAFTS]
+        self.scalars[:] = map(operator.add, self.scalars, [
+            len(drafts) if column is None
+            else sum(itertools.compress(columns[column], drafts)) if of_drafts
+            else sum(columns[column])
+            for column, of_drafts in _SUMMED])
+        if any(drafts):
+            _add_into(self.per_pos, _column_sums(list(itertools.compress(steps.accepted_per_pos, drafts))))
+            _add_into(self.dt_per_pos, _column_sums(list(itertools.compress(steps.draft_tokens_per_pos, drafts))))
         batches = self.batches
-        for s, timing in zip(steps, timings, strict=True):
+        for timing, generated, first in zip(timings, steps.generation_tokens, steps.first_tokens, strict=True):
             if timing is None:
                 continue
             batch, seconds, decode = timing
@@ -157,12 +219,12 @@ class Counts:
             if decode:
                 row[0] += 1
                 row[1] += seconds
-                row[2] += s.generation_tokens
+                row[2] += generated
             else:
                 row[3] += 1
                 row[4] += seconds
-                row[5] += s.generation_tokens
-                row[6] += s.first_tokens
+                row[5] += generated
+                row[6] += first
 
     def add(self, other: Counts) -> None:
         """Add another interval's counts."""
@@ -284,33 +346,41 @@ class EngineStream:
         self.decode_batch: int | None = None
         self.updated_at: float | None = None
 
-    def add_steps(self, steps: Sequence[tuple[float, StepStats]]) -> None:
-        """Add consecutive steps of this engine, each with the time it was reported (the caller holds the hub's
-        lock); the steps of one second are added to its bucket together."""
-        timer, start, n = self.timer, 0, len(steps)
+    def add_steps(self, steps: StepBatch) -> None:
+        """Add consecutive steps of this engine (the caller holds the hub's lock); the steps of one second are added
+        to its bucket together."""
+        timings = self.timer.time(steps)
+        seconds = list(map(int, steps.times))
+        start, n = 0, len(seconds)
         while start < n:
-            second = int(steps[start][0])
+            second = seconds[start]
             end = start + 1
-            while end < n and int(steps[end][0]) == second:
+            while end < n and seconds[end] == second:
                 end += 1
-            part = steps[start:end] if start or end < n else steps
-            timings = [timer.time(now, s) for now, s in part]
-            self.ring.bucket(second).add_steps([s for _, s in part], timings)
-            last = next((t for t in reversed(timings) if t is not None and t[2]), None)
-            if last is not None:
-                self.decode_batch = last[0]
+            if start or end < n:
+                self.ring.bucket(second).add_steps(steps.part(start, end), timings[start:end])
+            else:
+                self.ring.bucket(second).add_steps(steps, timings)
             start = end
+        last = next((t for t in reversed(timings) if t is not None and t[2]), None)
+        if last is not None:
+            self.decode_batch = last[0]
+        # The gauges as the last step that reported them; the KV estimate step by step.
+        kv = next((v for v in reversed(steps.kv_usage) if v is not None), None)
+        if kv is not None:
+            self.kv_usage = kv
+        last_report = next((i for i in range(n - 1, -1, -1) if steps.running[i] is not None), None)
+        if last_report is not None:
+            self.running, self.waiting = steps.running[last_report], steps.waiting[last_report]
+            self.updated_at = steps.times[last_report]
         live = self.live_tokens
-        for now, s in steps:  # the gauges and the KV estimate, step by step
-            if s.kv_usage is not None:
-                self.kv_usage = s.kv_usage
-            running = s.running
-            if running is not None:
-                self.running, self.waiting, self.updated_at = running, s.waiting, now
-                if running == 0 and not s.waiting:
-                    live = 0  # this engine is idle: nothing can be held, whatever the estimate drifted to
-                    continue
-            live += s.prompt_tokens + s.generation_tokens - s.finished_tokens
+        for running, waiting, prompt, generated, finished in zip(
+                steps.running, steps.waiting, steps.prompt_tokens, steps.generation_tokens, steps.finished_tokens,
+                strict=True):
+            if running == 0 and not waiting:
+                live = 0  # this engine is idle: nothing can be held, whatever the estimate drifted to
+                continue
+            live += prompt + generated - finished
             if live < 0:
                 live = 0
         self.live_tokens = live

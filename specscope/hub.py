@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from specscope.counts import Counts, EngineStream, StepStats
+from specscope.counts import Counts, EngineStream, StepBatch, StepStats
 from specscope.merge import combine_kv
 from specscope.model import (
     CostRatio,
@@ -257,11 +257,11 @@ class Hub:
     # ----------------------------------------------------------------- writers (engine path)
     def record_step(self, s: StepStats, engine: int = 0) -> None:
         """Add one step of the data-parallel engine ``engine`` (vLLM's ``engine_idx``; 0 without DP), now."""
-        self.record_steps(engine, [(self._clock(), s)])
+        self.record_steps(engine, StepBatch.of([(self._clock(), s)]))
 
-    def record_steps(self, engine: int, steps: Sequence[tuple[float, StepStats]]) -> None:
+    def record_steps(self, engine: int, steps: StepBatch) -> None:
         """Add consecutive steps of ``engine``, each with the hub-clock time it was reported at."""
-        if not steps:
+        if not steps.times:
             return
         with self._lock:
             stream = self._streams.get(engine)
@@ -269,10 +269,10 @@ class Hub:
                 stream = self._streams[engine] = EngineStream(self._ring_size)
             stream.add_steps(steps)
             if self._engine.num_speculative_tokens is None:
-                k = next((s.num_spec_tokens for _, s in steps if s.num_spec_tokens is not None), None)
+                k = next((k for k in steps.num_spec_tokens if k is not None), None)
                 if k is not None:
                     self._engine = replace(self._engine, num_speculative_tokens=k)
-            expired = self._requests.release_expired(steps[-1][0])
+            expired = self._requests.release_expired(steps.times[-1])
         self._publish(expired)
 
     def record_request(self, request_id: str, **fields: Any) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from specscope.counts import StepBatch
 from specscope.hub import Hub, StepStats
 from specscope.model import GpuMemory
 
@@ -106,11 +107,11 @@ def test_steps_added_in_batches_count_as_steps_added_one_by_one() -> None:
     clock = Clock(t)
     one, batched = Hub(window_s=5, history_s=8, clock=clock), Hub(window_s=5, history_s=8, clock=clock)
     for step in steps:
-        one.record_steps(3, [step])
+        one.record_steps(3, StepBatch.of([step]))
     i = 0
     while i < len(steps):
         n = rng.randrange(1, 40)
-        batched.record_steps(3, steps[i:i + n])
+        batched.record_steps(3, StepBatch.of(steps[i:i + n]))
         i += n
     a, b = one.snapshot(), batched.snapshot()
     assert a.lifetime.steps == 300 and a.window.steps > 0

@@ -16,16 +16,20 @@ from typing import Any
 from vllm.v1.metrics.loggers import AggregateStatLoggerBase
 
 from specscope.collectors import vllm_hook, vllm_reader
-from specscope.counts import StepStats
+from specscope.counts import StepBatch
 from specscope.hub import Hub, default_hub
 
 log = logging.getLogger("specscope")
 _exports_started = False
 _version_checked = False
 _share: Any = None
-#: The most steps, and seconds, the stat logger keeps before adding them to the hub (readers flush at once).
+#: The most steps, and seconds, the stat logger keeps before adding them to the hub (readers flush at once). The
+#: seconds bound how late a finished request reaches the hub's listeners when nothing reads the hub: 5 s, the OTLP
+#: span exporter's own batch delay and the alert loop's interval.
 BATCH_STEPS = 64
-BATCH_S = 2.0
+BATCH_S = 5.0
+#: A kept step's place for the front end's operation name when no request finished in it.
+_NOT_FINISHED = object()
 
 
 class SpecscopeStatLogger(AggregateStatLoggerBase):
@@ -91,10 +95,10 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
         is read (a snapshot, an export, an alert evaluation)."""
         try:
             now = self._clock()
-            finished = iteration_stats is not None and iteration_stats.finished_requests
             pending = self._pending
             pending.append((now, engine_idx, scheduler_stats, iteration_stats,
-                            vllm_hook.OPERATION.get() if finished else None))
+                            vllm_hook.OPERATION.get() if getattr(iteration_stats, "finished_requests", None)
+                            else _NOT_FINISHED))
             try:
                 oldest = pending[0][0]
             except IndexError:  # a reader flushed them already
@@ -117,29 +121,20 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
     def _add(self, rows: list[tuple[Any, ...]]) -> None:
         hub = self.target
         missing: list[str] = []
-        by_engine: dict[int, list[tuple[float, StepStats]]] = {}
-        for now, engine, sched, it, _ in rows:
-            try:  # a step vLLM filled in a way this reader cannot read costs that step alone
-                step = vllm_reader.read_step(sched, it, missing)
-            except Exception as exc:
-                hub.count_error("stat logger step", exc)
-                continue
-            steps = by_engine.get(engine)
-            if steps is None:
-                steps = by_engine[engine] = []
-            steps.append((now, step))
+        engines = {row[1] for row in rows}
+        by_engine = {engine: [row for row in rows if row[1] == engine] for engine in engines} if len(engines) > 1 \
+            else {engines.pop(): rows}
         for engine, steps in by_engine.items():
             try:
-                hub.record_steps(engine, steps)
+                batch = self._read(steps, missing)
+                hub.record_steps(engine, batch)
             except Exception as exc:
                 hub.count_error("stat logger step", exc)
         if missing:
             hub.count_missing(missing)
         try:
             parts = []
-            for now, engine, _, it, operation in rows:
-                if it is None or not it.finished_requests:
-                    continue
+            for now, engine, _, it, operation in [row for row in rows if row[4] is not _NOT_FINISHED]:
                 for fin in vllm_reader.finished_requests(it):
                     fin.fields["engine"] = engine
                     if operation:
@@ -152,6 +147,22 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
         if vllm_hook.failures != self._hook_failures:
             self._hook_failures = vllm_hook.failures
             hub.count_error("request hook", RuntimeError("vLLM's request state changed shape"))
+
+    def _read(self, rows: list[tuple[Any, ...]], missing: list[str]) -> StepBatch:
+        """The steps of ``rows`` (one engine's); a step vLLM filled in a way this reader cannot read costs that step
+        alone."""
+        try:
+            return vllm_reader.read_steps([r[0] for r in rows], [r[2] for r in rows], [r[3] for r in rows], missing)
+        except Exception:
+            readable = []
+            for row in rows:
+                try:
+                    vllm_reader.read_steps([row[0]], [row[2]], [row[3]])
+                    readable.append(row)
+                except Exception as exc:
+                    self.target.count_error("stat logger step", exc)
+            return vllm_reader.read_steps([r[0] for r in readable], [r[2] for r in readable],
+                                          [r[3] for r in readable], missing)
 
     def log_engine_initialized(self) -> None:
         """Re-read the configuration: the KV block count is known once the engine is up."""

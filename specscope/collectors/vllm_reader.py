@@ -8,14 +8,14 @@ disappears reads as absent, never as an exception in the engine's path.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+import operator
+from collections.abc import Mapping, Sequence
 from operator import attrgetter
-from typing import Any
+from typing import Any, NamedTuple
 
-from specscope.acceptance import rejections
+from specscope.acceptance import rejections_per_step
 from specscope.collectors.vllm_hook import ATTRIBUTE as HOOK_ATTRIBUTE
-from specscope.counts import StepStats
+from specscope.counts import StepBatch
 from specscope.diagnostics import cost_ratio_from_sizes
 from specscope.model import CostRatio, DraftMemory, EngineInfo, EngineSetup
 from specscope.sizing import (
@@ -161,7 +161,7 @@ def cost_ratio(vllm_config: Any) -> CostRatio | None:
 
 #: The vLLM releases whose stats objects specscope was checked against (0.30 to 0.33 share the spec-decode
 #: metrics and their fields; 0.32 is tested here). Outside it, one warning at start; fields that went missing
-#: cost only themselves (see :func:`read_step`).
+#: cost only themselves (see :func:`read_steps`).
 SUPPORTED_VLLM = ">=0.30,<0.34"
 
 _MISSING = object()
@@ -194,6 +194,14 @@ class _Fields:
         except AttributeError:
             return tuple(_get(obj, n, d, missing) for n, d in zip(self._names, self._defaults, strict=True))
 
+    def columns(self, objs: Sequence[Any], missing: list[str] | None) -> list[Sequence[Any]]:
+        """The fields of several objects, one sequence per field; an object that is None reads as the defaults."""
+        try:
+            rows = list(map(self._getter, objs))
+        except AttributeError:
+            rows = [self._defaults if o is None else self.read(o, missing) for o in objs]
+        return list(zip(*rows, strict=True)) if rows else [()] * len(self._names)
+
 
 _SCHEDULER = _Fields(num_running_reqs=None, num_waiting_reqs=None, kv_cache_usage=None, prefix_cache_stats=None,
                      spec_decoding_stats=None)
@@ -222,58 +230,61 @@ def version_warning(version: str | None) -> str | None:
             "numbers whose fields vLLM renamed will be missing (counted in the snapshot's health)")
 
 
-def read_step(scheduler_stats: Any, iteration_stats: Any, missing: list[str] | None = None) -> StepStats:
-    """One engine step's numbers, as vLLM's own Prometheus logger counts them, plus its timing.
+def read_steps(times: Sequence[float], scheduler_stats: Sequence[Any], iteration_stats: Sequence[Any],
+               missing: list[str] | None = None) -> StepBatch:
+    """Consecutive engine steps' numbers, as vLLM's own Prometheus logger counts them, plus their timing, column by
+    column (each step's stats objects, or None, at the same index as its time).
 
     A step is *pure decode* when no request finished its prefill in it and every request it ran produced tokens
     after a previous step's (equal inter-token intervals, all measured in the engine core): then that interval is
     the step's duration. A request in a chunked prefill produces nothing, so such steps are never pure decode.
     Every field has a default: one that vLLM renamed is named in ``missing`` and costs only itself.
     """
-    s = StepStats()
-    running = None
-    if scheduler_stats is not None:
-        running, waiting, s.kv_usage, pcs, sds = _SCHEDULER.read(scheduler_stats, missing)
-        s.running = running
-        if waiting is not None:  # vLLM's Prometheus logger counts the skipped ones as waiting (newer releases)
-            s.waiting = waiting + getattr(scheduler_stats, "num_skipped_waiting_reqs", 0)
-        if pcs is not None:
-            s.prefix_cache_queries, s.prefix_cache_hits = _PREFIX_CACHE.read(pcs, missing)
-        if sds is not None:
-            s.num_spec_tokens, drafts, draft_tokens, accepted, per_pos, dt_per_pos = _SPEC.read(sds, missing)
-            if drafts:
-                s.drafts, s.draft_tokens, s.accepted = drafts, draft_tokens, accepted
-                s.accepted_per_pos, s.draft_tokens_per_pos = per_pos, dt_per_pos
-                s.rejections = rejections(drafts, per_pos, dt_per_pos)
-    if iteration_stats is None:
-        return s
-    s.prompt_tokens, s.generation_tokens, s.preemptions, finished, itl, ttft = _ITERATION.read(
-        iteration_stats, missing)
-    if finished:
-        s.finished = len(finished)
-        s.finished_tokens = sum(sum(_FINISHED_TOKENS.read(f, missing)) for f in finished)
+    running, waiting, kv_usage, pcs, sds = _SCHEDULER.columns(scheduler_stats, missing)
+    if scheduler_stats and getattr(scheduler_stats[0], "num_skipped_waiting_reqs", None) is not None:
+        # Newer releases: vLLM's Prometheus logger counts the skipped ones as waiting.
+        waiting = [w if w is None else w + getattr(s, "num_skipped_waiting_reqs", 0)
+                   for w, s in zip(waiting, scheduler_stats, strict=True)]
+    pc_queries, pc_hits = _PREFIX_CACHE.columns(pcs, missing)
+    k, drafts, draft_tokens, accepted, per_pos, dt_per_pos = _SPEC.columns(sds, missing)
+    rejected = rejections_per_step(drafts, per_pos, dt_per_pos)
+    prompt, generated, preempted, finished, itl, ttft = _ITERATION.columns(iteration_stats, missing)
+    n_finished = list(map(len, finished))
+    finished_tokens = [sum(sum(_FINISHED_TOKENS.read(r, missing)) for r in f) if f else 0 for f in finished]
+    # Each step's batch, whether it carried prefill, and a pure decode step's duration.
+    timing = [_timing(*step) for step in zip(running, n_finished, itl, ttft, strict=True)]
+    batch, decode_s, prefill, first_tokens, first_token_s = zip(*timing, strict=True) if timing else [()] * 5
+    return StepBatch(times, running, waiting, kv_usage, preempted, pc_queries, pc_hits, prompt, generated, n_finished,
+                     finished_tokens, k, drafts, draft_tokens, accepted, per_pos, dt_per_pos, rejected, batch, decode_s,
+                     prefill, first_tokens, first_token_s)
+
+
+_UNTIMED = (None, None, False, 0, None)
+
+
+def _timing(running: int | None, finished: int, itl: Sequence[float] | None,
+            ttft: Sequence[float] | None) -> tuple[int | None, float | None, bool, int, float | None]:
+    """``(batch, decode_s, prefill, first_tokens, first_token_s)`` of one step (see :func:`read_steps`)."""
     if running is None or itl is None or ttft is None:
-        return s
-    # The step's batch, whether it carried prefill, and a pure decode step's duration.
-    batch = s.batch = running + s.finished
+        return _UNTIMED
+    batch = running + finished
     if ttft:
-        s.prefill, s.first_tokens, s.first_token_s = True, len(ttft), min(ttft)
-    elif len(itl) < batch:
-        s.prefill = True
-    elif itl:
+        return batch, None, True, len(ttft), min(ttft)
+    if len(itl) < batch:
+        return batch, None, True, 0, None
+    if itl:
         lo, hi = min(itl), max(itl)
         if hi - lo <= 1e-6 * (hi if hi > 1.0 else 1.0):
-            s.decode_s = lo
-    return s
+            return batch, lo, False, 0, None
+    return batch, None, False, 0, None
 
 
-@dataclass(frozen=True, slots=True)
-class Finished:
+class Finished(NamedTuple):
     """One request that finished in a step: its record fields, and its per-step draft counts when detailed."""
 
     request_id: str
     fields: dict[str, Any]
-    per_step: tuple[list[int], list[int]] | None = None
+    per_step: tuple[Sequence[int], Sequence[int]] | None = None
     #: Whether the speculative numbers came with it (through the output-processor hook).
     complete: bool = False
 
@@ -294,7 +305,7 @@ def finished_requests(iteration_stats: Any) -> list[Finished]:
         if rid is None:
             continue
         fields = dict(zip(_RECORD_FIELDS, values, strict=True))
-        fields["finish_reason"] = str(reason).lower() if reason is not None else None
+        fields["finish_reason"] = _reason(reason)
         fields["ttft_s"] = (fields["queued_s"] or 0.0) + (fields["prefill_s"] or 0.0)
         extra = getattr(f, HOOK_ATTRIBUTE, None)
         if extra is None:
@@ -307,10 +318,27 @@ def finished_requests(iteration_stats: Any) -> list[Finished]:
             fields["trace_context"] = tuple(sorted(carrier.items()))
         if vllm_span:
             fields["vllm_span"] = vllm_span
-        d = None if metrics is None else metrics.to_dict()
-        fields.update(spec_fields(d))
-        out.append(Finished(str(rid) if index is None else f"{rid}#{index}", fields, per_step_counts(d), True))
+        per_step = None
+        if metrics is not None:
+            spec, per_step = _spec(metrics)
+            fields.update(spec)
+        out.append(Finished(str(rid) if index is None else f"{rid}#{index}", fields, per_step, True))
     return out
+
+
+_REASONS: dict[Any, str] = {}
+
+
+def _reason(reason: Any) -> str | None:
+    """vLLM's finish reason as a lower-case name (``length``, ``stop``, ``abort``); the few are remembered."""
+    if reason is None:
+        return None
+    name = _REASONS.get(reason)
+    if name is None:
+        name = str(reason).lower()
+        if len(_REASONS) < 64:
+            _REASONS[reason] = name
+    return name
 
 
 #: RequestRecord fields read from vLLM's ``FinishedRequestStats``, by the stats' field names.
@@ -319,32 +347,42 @@ _RECORD_FIELDS = ("prompt_tokens", "generation_tokens", "cached_tokens", "preemp
 _FINISHED = _Fields(request_id=None, finish_reason=None, num_prompt_tokens=None, num_generation_tokens=None,
                     num_cached_tokens=None, num_preemptions=None, e2e_latency=None, mean_time_per_output_token=None,
                     queued_time=None, prefill_time=None, decode_time=None)
+#: vLLM's per-request speculative metrics object, read directly (its ``to_dict`` payload where a field is gone).
+_REQUEST_SPEC = _Fields(num_spec_tokens=None, histogram=None, num_draft_tokens=None, per_step_accepted=None,
+                        per_step_drafted=None)
+
+
+def _spec(metrics: Any) -> tuple[dict[str, Any], tuple[Sequence[int], Sequence[int]] | None]:
+    """RequestRecord fields and ``(per_step_accepted, per_step_drafted)`` (None at vLLM's ``summary`` level) of
+    vLLM's per-request speculative metrics object, or of the response's JSON payload of them."""
+    if not isinstance(metrics, Mapping):
+        k, hist, drafted, per_step_accepted, per_step_drafted = _REQUEST_SPEC.read(metrics, None)
+        if None in (k, hist, drafted, per_step_accepted, per_step_drafted):
+            metrics = metrics.to_dict()  # vLLM renamed a field: its documented payload
+        else:  # vLLM's own counts, as its payload sums them
+            fields = {"num_spec_tokens": k, "spec_steps": sum(hist), "draft_tokens": drafted,
+                      "accepted_tokens": sum(map(operator.mul, range(len(hist)), hist)),
+                      "acceptance_histogram": tuple(hist)}
+            return fields, (per_step_accepted, per_step_drafted) if per_step_accepted and per_step_drafted else None
+    fields = {
+        "num_spec_tokens": int(metrics["num_spec_tokens"]),
+        "spec_steps": int(metrics["num_spec_steps"]),
+        "draft_tokens": int(metrics["num_draft_tokens"]),
+        "accepted_tokens": int(metrics["num_accepted_draft_tokens"]),
+        "acceptance_histogram": tuple(map(int, metrics["acceptance_histogram"])),
+    }
+    accepted, drafted = metrics.get("per_step_accepted"), metrics.get("per_step_drafted")
+    return fields, (list(map(int, accepted)), list(map(int, drafted))) if accepted and drafted else None
 
 
 def spec_fields(metrics: Any) -> dict[str, Any]:
     """RequestRecord fields from per-request speculative metrics: vLLM's object or the response's JSON dict."""
-    if metrics is None:
-        return {}
-    d = metrics if isinstance(metrics, Mapping) else metrics.to_dict()
-    hist = tuple(map(int, d["acceptance_histogram"]))
-    return {
-        "num_spec_tokens": int(d["num_spec_tokens"]),
-        "spec_steps": int(d["num_spec_steps"]),
-        "draft_tokens": int(d["num_draft_tokens"]),
-        "accepted_tokens": int(d["num_accepted_draft_tokens"]),
-        "acceptance_histogram": hist,
-    }
+    return {} if metrics is None else _spec(metrics)[0]
 
 
-def per_step_counts(metrics: Any) -> tuple[list[int], list[int]] | None:
+def per_step_counts(metrics: Any) -> tuple[Sequence[int], Sequence[int]] | None:
     """``(per_step_accepted, per_step_drafted)`` of vLLM's ``detailed`` per-request metrics; None at ``summary``."""
-    if metrics is None:
-        return None
-    d = metrics if isinstance(metrics, Mapping) else metrics.to_dict()
-    accepted, drafted = d.get("per_step_accepted"), d.get("per_step_drafted")
-    if not accepted or not drafted:
-        return None
-    return list(map(int, accepted)), list(map(int, drafted))
+    return None if metrics is None else _spec(metrics)[1]
 
 
 def output_fields(output: Any) -> dict[str, Any]:

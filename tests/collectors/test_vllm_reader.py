@@ -8,10 +8,17 @@ import pytest
 
 from specscope.collectors import vllm_reader
 from specscope.collectors.vllm_logger import SpecscopeStatLogger
+from specscope.counts import STEP_FIELDS, StepStats
 from specscope.hub import Hub
 
 stats = pytest.importorskip("vllm.v1.metrics.stats")
 spec_metrics = pytest.importorskip("vllm.v1.spec_decode.metrics")
+
+
+def read_step(sched: Any, it: Any, missing: list[str] | None = None) -> StepStats:
+    """One step, read as the stat logger reads a batch of them."""
+    batch = vllm_reader.read_steps([0.0], [sched], [it], missing)
+    return StepStats(*(getattr(batch, name)[0] for name in STEP_FIELDS))
 
 
 def make_stats() -> tuple[object, object]:
@@ -38,7 +45,7 @@ def make_stats() -> tuple[object, object]:
 
 def test_read_step_counts_like_vllms_prometheus_logger() -> None:
     sched, it = make_stats()
-    s = vllm_reader.read_step(sched, it)
+    s = read_step(sched, it)
     assert (s.running, s.waiting, s.kv_usage) == (3, 2, 0.25)
     assert (s.prefix_cache_queries, s.prefix_cache_hits) == (100, 64)
     assert (s.num_spec_tokens, s.drafts, s.draft_tokens, s.accepted) == (4, 3, 10, 5)
@@ -137,7 +144,7 @@ def test_steps_are_added_in_batches_that_readers_flush_and_a_bad_step_costs_only
 
 def test_rejections_are_read_per_step() -> None:
     sched, it = make_stats()
-    s = vllm_reader.read_step(sched, it)
+    s = read_step(sched, it)
     # Drafts of 4, 4 and 2 tokens accepting 4, 1 and 0: two stopped at a rejection, one ended on its own.
     assert s.rejections == 2
 
@@ -164,7 +171,7 @@ def decode_step(running: int, finished: int, itl: list[float], ttft: list[float]
 def test_step_timing_from_the_engine_cores_intervals(running: int, finished: int, itl: list[float],
                                                       ttft: list[float], batch: int, decode_s: float | None,
                                                       prefill: bool) -> None:
-    s = vllm_reader.read_step(*decode_step(running, finished, itl, ttft))
+    s = read_step(*decode_step(running, finished, itl, ttft))
     assert (s.batch, s.decode_s, s.prefill) == (batch, decode_s, prefill)
     assert s.first_tokens == len(ttft) and s.first_token_s == (min(ttft) if ttft else None)
 
@@ -210,7 +217,7 @@ def test_a_renamed_field_costs_that_number_not_the_step(which: str, field: str, 
     import logging
 
     sched, it = make_stats()
-    whole = vllm_reader.read_step(*make_stats())
+    whole = read_step(*make_stats())
     if which == "scheduler":
         sched = drifted(sched, field, field + "_v2")
     elif which == "spec":
@@ -218,7 +225,7 @@ def test_a_renamed_field_costs_that_number_not_the_step(which: str, field: str, 
     else:
         it = drifted(it, field, field + "_v2")
     missing: list[str] = []
-    s = vllm_reader.read_step(sched, it, missing)
+    s = read_step(sched, it, missing)
     owner = {"scheduler": "SchedulerStats", "spec": "SpecDecodingStats", "iteration": "IterationStats"}[which]
     assert missing == [f"{owner}.{field}"]
     for name in ("running", "kv_usage", "drafts", "draft_tokens", "accepted", "generation_tokens", "finished",

@@ -160,13 +160,13 @@ def _faults_never_reach_the_engine(llm: Any, hub: Hub, baseline: list[list[int]]
 
 
     calls = {"n": 0}
-    real_read_step = vllm_reader.read_step
+    real_read_steps = vllm_reader.read_steps
 
-    def flaky_read_step(*args: Any) -> Any:
+    def flaky_read_steps(*args: Any) -> Any:
         calls["n"] += 1
         if calls["n"] % 2:
             raise KeyError("field renamed upstream")
-        return real_read_step(*args)
+        return real_read_steps(*args)
 
     def bad_listener(rec: Any) -> None:
         raise RuntimeError("exporter down")
@@ -175,7 +175,7 @@ def _faults_never_reach_the_engine(llm: Any, hub: Hub, baseline: list[list[int]]
     hub.add_listener(bad_listener)
     hub.add_listener(lambda rec: release.wait(30))
     hub.add_gpu_source("gpu", lambda: 1 / 0)  # replaces the real NVML source
-    monkeypatch.setattr(vllm_reader, "read_step", flaky_read_step)
+    monkeypatch.setattr(vllm_reader, "read_steps", flaky_read_steps)
 
     before = {r.request_id for r in hub.snapshot().requests}
     with caplog.at_level(logging.WARNING, logger="specscope"):
