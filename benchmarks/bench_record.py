@@ -50,7 +50,8 @@ def main() -> None:
         sds = SpecDecodingStats.new(4)
         for r in range(8):
             sds.observe_draft(4, (i + r) % 5)
-        sched = SchedulerStats(num_running_reqs=8, num_waiting_reqs=0, kv_cache_usage=0.3,
+        # Every step runs 8 requests; in one of 8 steps one of them finishes (7 are still running after it).
+        sched = SchedulerStats(num_running_reqs=7 if i % 8 == 0 else 8, num_waiting_reqs=0, kv_cache_usage=0.3,
                                spec_decoding_stats=sds)
         it = IterationStats()
         it.num_generation_tokens = 8 * 3
@@ -87,6 +88,8 @@ def main() -> None:
     ns_prom, ns_ours, ratio = paired_ns(feeder(prom), feeder(ours), calls, repeats)
     counted = hub.snapshot().lifetime
     assert counted.steps == repeats * calls and counted.requests == repeats * calls // 8, counted  # all of them
+    (timed,) = counted.step_times.times  # every step a decode step of the batch of 8, as an engine's would be
+    assert timed.batch_size == 8 and timed.steps == counted.steps and not timed.prefill_steps, timed
     # Batches are also cut after BATCH_S and at reads: on an engine with slow steps they hold fewer.
     vllm_logger.BATCH_STEPS = 16
     short = SpecscopeStatLogger.bound_to(Hub())(config, [0])

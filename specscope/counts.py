@@ -13,18 +13,17 @@ import itertools
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import NamedTuple, cast
+from typing import NamedTuple
 
 from specscope.model import SpecCounts, StepProfile, StepTime, Totals
 
 #: The scalar counts of an interval, each with the step field it sums (the only place that maps the two; ``steps``
-#: counts steps). Draft tokens, accepted tokens and rejections count only in steps that verified drafts.
+#: counts steps).
 _SOURCES = (("steps", None), ("prompt_tokens", "prompt_tokens"), ("generation_tokens", "generation_tokens"),
             ("requests", "finished"), ("preemptions", "preemptions"), ("pc_queries", "prefix_cache_queries"),
             ("pc_hits", "prefix_cache_hits"), ("drafts", "drafts"), ("draft_tokens", "draft_tokens"),
             ("accepted", "accepted"), ("rejections", "rejections"), ("prefills", "first_tokens"))
 SCALARS = tuple(name for name, _ in _SOURCES)
-_OF_DRAFTS = frozenset(("draft_tokens", "accepted", "rejections"))
 #: Distinct batch sizes kept per interval (vLLM's max_num_seqs is 256 to 1024 in practice).
 MAX_BATCH_SIZES = 1024
 
@@ -104,10 +103,8 @@ class StepBatch(NamedTuple):
 #: StepStats' fields, in order (StepBatch's columns after ``times``).
 STEP_FIELDS = tuple(f.name for f in fields(StepStats))
 _STEP_ROW = operator.attrgetter(*STEP_FIELDS)
-#: Per scalar: the StepBatch column it sums (None: it counts steps), and whether it counts only steps with drafts.
-_SUMMED = tuple((None if field is None else StepBatch._fields.index(field), name in _OF_DRAFTS)
-                for name, field in _SOURCES)
-_DRAFTS = StepBatch._fields.index("drafts")
+#: The StepBatch columns that :data:`SCALARS` after ``steps`` sum, in that order.
+_SUMMED = operator.itemgetter(*(StepBatch._fields.index(field) for _, field in _SOURCES[1:]))
 
 
 def _add_into(dst: list[int], src: Sequence[int]) -> None:
@@ -196,13 +193,8 @@ class Counts:
 
     def add_steps(self, steps: StepBatch, timings: Sequence[Timing | None]) -> None:
         """Add consecutive steps of one engine, each with its timing (None: untimed)."""
-        columns = cast(Sequence[Sequence[int]], steps)
-        drafts = columns[_DRAFTS]
-        self.scalars[:] = map(operator.add, self.scalars, [
-            len(drafts) if column is None
-            else sum(itertools.compress(columns[column], drafts)) if of_drafts
-            else sum(columns[column])
-            for column, of_drafts in _SUMMED])
+        self.scalars[:] = map(operator.add, self.scalars, (len(steps.times), *map(sum, _SUMMED(steps))))
+        drafts = steps.drafts
         if any(drafts):
             _add_into(self.per_pos, _column_sums(list(itertools.compress(steps.accepted_per_pos, drafts))))
             _add_into(self.dt_per_pos, _column_sums(list(itertools.compress(steps.draft_tokens_per_pos, drafts))))
@@ -350,18 +342,20 @@ class EngineStream:
         """Add consecutive steps of this engine (the caller holds the hub's lock); the steps of one second are added
         to its bucket together."""
         timings = self.timer.time(steps)
-        seconds = list(map(int, steps.times))
-        start, n = 0, len(seconds)
-        while start < n:
-            second = seconds[start]
-            end = start + 1
-            while end < n and seconds[end] == second:
-                end += 1
-            if start or end < n:
+        times = steps.times
+        first, n = int(times[0]), len(times)
+        if int(times[-1]) == first and (n < 3 or all(map(operator.le, times, times[1:]))):
+            self.ring.bucket(first).add_steps(steps, timings)  # one second (the common case)
+        else:
+            seconds = list(map(int, times))
+            start = 0
+            while start < n:
+                second = seconds[start]
+                end = start + 1
+                while end < n and seconds[end] == second:
+                    end += 1
                 self.ring.bucket(second).add_steps(steps.part(start, end), timings[start:end])
-            else:
-                self.ring.bucket(second).add_steps(steps, timings)
-            start = end
+                start = end
         last = next((t for t in reversed(timings) if t is not None and t[2]), None)
         if last is not None:
             self.decode_batch = last[0]
@@ -369,10 +363,14 @@ class EngineStream:
         kv = next((v for v in reversed(steps.kv_usage) if v is not None), None)
         if kv is not None:
             self.kv_usage = kv
-        last_report = next((i for i in range(n - 1, -1, -1) if steps.running[i] is not None), None)
+        reported = steps.running
+        if reported[-1] is not None:
+            last_report: int | None = n - 1
+        else:
+            last_report = next((i for i in range(n - 1, -1, -1) if reported[i] is not None), None)
         if last_report is not None:
-            self.running, self.waiting = steps.running[last_report], steps.waiting[last_report]
-            self.updated_at = steps.times[last_report]
+            self.running, self.waiting = reported[last_report], steps.waiting[last_report]
+            self.updated_at = times[last_report]
         live = self.live_tokens
         for running, waiting, prompt, generated, finished in zip(
                 steps.running, steps.waiting, steps.prompt_tokens, steps.generation_tokens, steps.finished_tokens,

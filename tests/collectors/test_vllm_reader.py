@@ -8,7 +8,7 @@ import pytest
 
 from specscope.collectors import vllm_reader
 from specscope.collectors.vllm_logger import SpecscopeStatLogger
-from specscope.counts import STEP_FIELDS, StepStats
+from specscope.counts import STEP_FIELDS, StepBatch, StepStats
 from specscope.hub import Hub
 
 stats = pytest.importorskip("vllm.v1.metrics.stats")
@@ -174,6 +174,20 @@ def test_step_timing_from_the_engine_cores_intervals(running: int, finished: int
     s = read_step(*decode_step(running, finished, itl, ttft))
     assert (s.batch, s.decode_s, s.prefill) == (batch, decode_s, prefill)
     assert s.first_tokens == len(ttft) and s.first_token_s == (min(ttft) if ttft else None)
+
+
+def test_a_batch_reads_as_its_steps_read_one_by_one() -> None:
+    """The stat logger reads its kept steps together, column by column: each step reads as it reads alone, whatever
+    its neighbours carry (no stats, no speculation, finished requests, prefill, decode)."""
+    steps = [make_stats(), decode_step(3, 1, [0.02] * 4, []), (None, None), decode_step(3, 0, [0.02] * 2, [0.5]),
+             (stats.SchedulerStats(num_running_reqs=1, num_waiting_reqs=0), None), make_stats()]
+    batch = vllm_reader.read_steps([float(i) for i in range(len(steps))], [s for s, _ in steps],
+                                   [it for _, it in steps])
+    assert StepBatch._fields == ("times", *STEP_FIELDS)
+    for i, (sched, it) in enumerate(steps):
+        alone = read_step(sched, it)
+        assert StepStats(*(getattr(batch, name)[i] for name in STEP_FIELDS)) == alone, i
+    assert batch.drafts == (3, 0, 0, 0, 0, 3) and batch.decode_s[1] == 0.02 and batch.first_tokens[3] == 1
 
 
 def test_detailed_per_request_metrics_give_acceptance_by_output_position() -> None:

@@ -159,14 +159,15 @@ def _faults_never_reach_the_engine(llm: Any, hub: Hub, baseline: list[list[int]]
     from specscope.collectors import vllm_reader
 
 
-    calls = {"n": 0}
     real_read_steps = vllm_reader.read_steps
+    bad: dict[float, bool] = {}  # every other step, in the order they come, cannot be read
 
-    def flaky_read_steps(*args: Any) -> Any:
-        calls["n"] += 1
-        if calls["n"] % 2:
+    def flaky_read_steps(times: Any, *args: Any) -> Any:
+        for t in times:
+            bad.setdefault(t, len(bad) % 2 == 0)
+        if any(bad[t] for t in times):
             raise KeyError("field renamed upstream")
-        return real_read_steps(*args)
+        return real_read_steps(times, *args)
 
     def bad_listener(rec: Any) -> None:
         raise RuntimeError("exporter down")
@@ -177,7 +178,8 @@ def _faults_never_reach_the_engine(llm: Any, hub: Hub, baseline: list[list[int]]
     hub.add_gpu_source("gpu", lambda: 1 / 0)  # replaces the real NVML source
     monkeypatch.setattr(vllm_reader, "read_steps", flaky_read_steps)
 
-    before = {r.request_id for r in hub.snapshot().requests}
+    start = hub.snapshot()
+    before = {r.request_id for r in start.requests}
     with caplog.at_level(logging.WARNING, logger="specscope"):
         t0 = time.perf_counter()
         outs = llm.generate(PROMPTS, greedy(MAX_TOKENS), use_tqdm=False)
@@ -193,7 +195,8 @@ def _faults_never_reach_the_engine(llm: Any, hub: Hub, baseline: list[list[int]]
     assert len(new) == len(PROMPTS)  # every request of the faulty run recorded
     assert all(r.accepted_tokens is not None for r in new)
     errors = dict(snap.health.errors)
-    assert errors["stat logger step"] >= 2
+    assert errors["stat logger step"] == sum(bad.values()) >= 2  # each unreadable step counted, once
+    assert snap.lifetime.steps - start.lifetime.steps == len(bad) - sum(bad.values())  # and only it was lost
     assert errors["gpu source gpu"] >= 1
     assert sum(n for where, n in errors.items() if "bad_listener" in where) == len(PROMPTS)
     warnings = [r.getMessage() for r in caplog.records]
