@@ -173,7 +173,7 @@ def test_prompts_longer_than_the_prefill_chunk_are_not_timed_as_decode(tiny: dic
         shutdown(spec)
 
 
-def test_ngram_gets_a_finite_k_and_is_found_not_paying_at_large_k(plain: Any) -> None:
+def test_ngram_gets_a_finite_k_and_drafting_more_stops_paying(plain: Any) -> None:
     """n-gram lookup runs no model, but verifying K+1 tokens per request costs a step more: c is never 0."""
     import specscope
     from specscope.diagnostics import estimate
@@ -197,8 +197,10 @@ def test_ngram_gets_a_finite_k_and_is_found_not_paying_at_large_k(plain: Any) ->
         assert est.cost_basis in ("measured", "verify model"), est.cost_basis
         spec = llm.snapshot().window.spec
         print(f"n-gram: acceptance {spec.acceptance_rate}, {est.explain()}")  # type: ignore[union-attr]
-        # Verification costs something, so drafting more stops paying: with c = 0 every K paid and K=16 won.
-        assert min(est.by_k) < 1.0 and est.by_k[16] < est.best_speedup
+        # Verification costs something, so drafting more stops paying: with c = 0 every K paid and K=16 won. (Whether
+        # some K loses outright depends on how small c is at batch 8 here: 0.005 to a few hundredths.)
+        tail = est.by_k[est.best_k:]
+        assert est.by_k[16] < est.best_speedup and all(a >= b for a, b in itertools.pairwise(tail)), est.by_k
     finally:
         shutdown(llm)
 
