@@ -343,19 +343,17 @@ class EngineStream:
         to its bucket together."""
         timings = self.timer.time(steps)
         times = steps.times
-        first, n = int(times[0]), len(times)
-        if int(times[-1]) == first and (n < 3 or all(map(operator.le, times, times[1:]))):
-            self.ring.bucket(first).add_steps(steps, timings)  # one second (the common case)
-        else:
-            seconds = list(map(int, times))
-            start = 0
-            while start < n:
-                second = seconds[start]
-                end = start + 1
-                while end < n and seconds[end] == second:
-                    end += 1
-                self.ring.bucket(second).add_steps(steps.part(start, end), timings[start:end])
-                start = end
+        seconds = list(map(int, times))
+        start, n = 0, len(seconds)
+        while start < n:
+            second = seconds[start]
+            end = start + 1
+            while end < n and seconds[end] == second:
+                end += 1
+            whole = start == 0 and end == n
+            self.ring.bucket(second).add_steps(steps if whole else steps.part(start, end),
+                                               timings if whole else timings[start:end])
+            start = end
         last = next((t for t in reversed(timings) if t is not None and t[2]), None)
         if last is not None:
             self.decode_batch = last[0]
@@ -363,13 +361,9 @@ class EngineStream:
         kv = next((v for v in reversed(steps.kv_usage) if v is not None), None)
         if kv is not None:
             self.kv_usage = kv
-        reported = steps.running
-        if reported[-1] is not None:
-            last_report: int | None = n - 1
-        else:
-            last_report = next((i for i in range(n - 1, -1, -1) if reported[i] is not None), None)
+        last_report = next((i for i in range(n - 1, -1, -1) if steps.running[i] is not None), None)
         if last_report is not None:
-            self.running, self.waiting = reported[last_report], steps.waiting[last_report]
+            self.running, self.waiting = steps.running[last_report], steps.waiting[last_report]
             self.updated_at = times[last_report]
         live = self.live_tokens
         for running, waiting, prompt, generated, finished in zip(

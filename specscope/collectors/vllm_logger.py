@@ -121,10 +121,8 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
     def _add(self, rows: list[tuple[Any, ...]]) -> None:
         hub = self.target
         missing: list[str] = []
-        engines = {row[1] for row in rows}
-        by_engine = {engine: [row for row in rows if row[1] == engine] for engine in engines} if len(engines) > 1 \
-            else {engines.pop(): rows}
-        for engine, steps in by_engine.items():
+        for engine in {row[1] for row in rows}:
+            steps = [row for row in rows if row[1] == engine]
             try:
                 batch = self._read(steps, missing)
                 hub.record_steps(engine, batch)

@@ -15,10 +15,14 @@ stats = pytest.importorskip("vllm.v1.metrics.stats")
 spec_metrics = pytest.importorskip("vllm.v1.spec_decode.metrics")
 
 
+def step_of(batch: StepBatch, i: int) -> StepStats:
+    """Step ``i`` of a batch."""
+    return StepStats(*(getattr(batch, name)[i] for name in STEP_FIELDS))
+
+
 def read_step(sched: Any, it: Any, missing: list[str] | None = None) -> StepStats:
     """One step, read as the stat logger reads a batch of them."""
-    batch = vllm_reader.read_steps([0.0], [sched], [it], missing)
-    return StepStats(*(getattr(batch, name)[0] for name in STEP_FIELDS))
+    return step_of(vllm_reader.read_steps([0.0], [sched], [it], missing), 0)
 
 
 def make_stats() -> tuple[object, object]:
@@ -186,7 +190,7 @@ def test_a_batch_reads_as_its_steps_read_one_by_one() -> None:
     assert StepBatch._fields == ("times", *STEP_FIELDS)
     for i, (sched, it) in enumerate(steps):
         alone = read_step(sched, it)
-        assert StepStats(*(getattr(batch, name)[i] for name in STEP_FIELDS)) == alone, i
+        assert step_of(batch, i) == alone, i
     assert batch.drafts == (3, 0, 0, 0, 0, 3) and batch.decode_s[1] == 0.02 and batch.first_tokens[3] == 1
 
 
