@@ -48,8 +48,11 @@ def _check_export(args: argparse.Namespace) -> int:
         host = args.prometheus_host or host
         lines = []
         if port is not None:
-            Endpoint(Hub().snapshot, host, port).close()  # the port can be bound
-            lines.append(f"prometheus endpoint: http://{host}:{port}/metrics (and /snapshot)")
+            key = os.environ.get("SPECSCOPE_API_KEY") or None
+            Endpoint(Hub().snapshot, host, port, api_key=key).close()  # the port can be bound
+            lines.append(f"prometheus endpoint: http://{host}:{port}/metrics (and /snapshot), "
+                         + ("behind SPECSCOPE_API_KEY (Authorization: Bearer)" if key else
+                            f"open to anyone who can reach {host} (set SPECSCOPE_API_KEY to require a key)"))
         if otlp or args.otlp or args.otlp_endpoint or args.otlp_protocol:
             c = resolve_config(endpoint=args.otlp_endpoint, protocol=args.otlp_protocol)
             if c.disabled:
@@ -185,12 +188,17 @@ def _report(args: argparse.Namespace) -> int:
         return 2
     try:
         baseline = load_profile(args.baseline) if args.baseline else None
-        from specscope.tui import auth_headers
+        from specscope.tui import key_headers
 
+        headers: dict[str, str] = {}
+        if args.source.startswith(("http://", "https://")):
+            headers = key_headers([args.source], args.api_key, args.api_key_host, "source")[0]
         rep = load(args.source, window_s=args.window, duration_s=args.duration, interval_s=args.interval,
-                   baseline=baseline, headers=auth_headers(args.api_key))
+                   baseline=baseline, headers=headers)
     except SourceDown as exc:
-        print(f"specscope: {args.source}: {exc}", file=sys.stderr)
+        withheld = args.api_key and not headers and str(exc).endswith("HTTP 401")
+        print(f"specscope: {args.source}: {exc}" + (" (the API key goes only to loopback hosts and to those named "
+                                                    "with --api-key-host)" if withheld else ""), file=sys.stderr)
         return 1
     except (ReportError, ValueError) as exc:
         print(f"specscope: error: {exc}", file=sys.stderr)
@@ -291,8 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--window", type=float, default=30.0, help="window of the acceptance curve (default 30 s)")
     rep.add_argument("--baseline", metavar="FILE", help="step times without speculation (specscope calibrate)")
     rep.add_argument("--figures", metavar="DIR", help="also write each plot as a PNG into DIR")
-    rep.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"), metavar="KEY",
-                     help="the server's --api-key, for a server's /specscope (default: $VLLM_API_KEY)")
+    from specscope.tui import add_key_arguments
+
+    add_key_arguments(rep, "the source")
     rep.set_defaults(func=_report)
     demo = sub.add_parser("demo", help="run a real engine through good and weak drafts with the dashboard open")
     demo.add_argument("--headless", action="store_true", help="no screen: run the scenarios, print what fired")

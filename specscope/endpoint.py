@@ -2,6 +2,10 @@
 
 Binds 127.0.0.1 unless told otherwise. Serves from a daemon thread; every request reads one fresh snapshot.
 ``/snapshot?since=N`` carries only the request records that became final after ``final_seq`` N.
+
+With an ``api_key`` (``SPECSCOPE_API_KEY`` for the endpoint the plugin starts), ``/metrics`` and ``/snapshot``
+answer only requests carrying ``Authorization: Bearer <key>``; the others get 401 and ``WWW-Authenticate: Bearer``.
+Without one, anyone who can reach the address reads both (request ids and trace context included).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from urllib.parse import parse_qs
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
+from specscope import auth
 from specscope.model import Snapshot, encode
 from specscope.prometheus_export import SnapshotCollector
 
@@ -29,10 +34,13 @@ class EndpointError(RuntimeError):
 class Endpoint:
     """A running endpoint; :meth:`close` stops it."""
 
-    def __init__(self, source: Callable[[], Snapshot], host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
+    def __init__(self, source: Callable[[], Snapshot], host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
+                 api_key: str | None = None) -> None:
+        """``api_key``: the bearer token ``/metrics`` and ``/snapshot`` require (none: they are open)."""
         registry = CollectorRegistry(auto_describe=False)
         registry.register(SnapshotCollector(source))
-        handler = type("Handler", (_Handler,), {"registry": registry, "source": staticmethod(source)})
+        handler = type("Handler", (_Handler,), {"registry": registry, "source": staticmethod(source),
+                                                 "keys": auth.digests([api_key or ""])})
         try:
             self._server = ThreadingHTTPServer((host, port), handler)
         except OSError as exc:
@@ -57,6 +65,7 @@ class Endpoint:
 class _Handler(BaseHTTPRequestHandler):
     registry: CollectorRegistry
     source: Callable[[], Snapshot]
+    keys: list[bytes]
 
     def do_GET(self) -> None:  # http.server calls do_<METHOD>
         try:
@@ -66,6 +75,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _get(self) -> None:
         path, _, query = self.path.partition("?")
+        if path in ("/metrics", "/snapshot") and self.keys and not auth.allows(
+                self.headers.get("Authorization", ""), self.keys):
+            self._send(401, "text/plain; charset=utf-8", b"specscope: send Authorization: Bearer <key>\n",
+                       {"WWW-Authenticate": auth.CHALLENGE})
+            return
         if path == "/metrics":
             encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
             self._send(200, content_type, encoder(self.registry))
@@ -82,8 +96,10 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(404, "text/plain; charset=utf-8", b"not found\n")
 
-    def _send(self, status: int, content_type: str, body: bytes) -> None:
+    def _send(self, status: int, content_type: str, body: bytes, headers: dict[str, str] | None = None) -> None:
         self.send_response(status)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()

@@ -3,7 +3,7 @@
 ``vllm serve`` users configure it with environment variables (the stat-logger plugin calls :func:`from_env`):
 
 - ``SPECSCOPE_PROMETHEUS_PORT`` (and ``SPECSCOPE_PROMETHEUS_HOST``, default 127.0.0.1): serve ``/metrics`` and
-  ``/snapshot``;
+  ``/snapshot``; with ``SPECSCOPE_API_KEY``, only to requests carrying ``Authorization: Bearer <key>``;
 - ``SPECSCOPE_OTLP=1``: export over OTLP, configured by the standard ``OTEL_*`` variables;
   ``SPECSCOPE_OTLP=global``: through the process's global OpenTelemetry providers instead (as
   ``opentelemetry-instrument`` with a distro, or the application, configured them);
@@ -51,8 +51,10 @@ class Exports:
 
 
 def start(hub: Hub, *, prometheus_port: int | None = None, prometheus_host: str = DEFAULT_HOST,
-          otlp: bool | OtelConfig = False, meter_provider: Any = None, tracer_provider: Any = None) -> Exports:
-    """Start the endpoint (when a port is given) and OTLP export (``True``: from ``OTEL_*``); raise on bad config.
+          otlp: bool | OtelConfig = False, meter_provider: Any = None, tracer_provider: Any = None,
+          api_key: str | None = None) -> Exports:
+    """Start the endpoint (when a port is given; ``api_key``: the bearer token it requires) and OTLP export
+    (``True``: from ``OTEL_*``); raise on bad config.
 
     With ``otlp``, ``meter_provider`` / ``tracer_provider`` (for example ``opentelemetry.metrics.
     get_meter_provider()``) carry specscope's metrics and spans instead of providers of its own."""
@@ -65,7 +67,7 @@ def start(hub: Hub, *, prometheus_port: int | None = None, prometheus_host: str 
     exports = Exports()
     if prometheus_port is not None:
         try:
-            exports.endpoint = Endpoint(hub.snapshot, prometheus_host, prometheus_port)
+            exports.endpoint = Endpoint(hub.snapshot, prometheus_host, prometheus_port, api_key=api_key)
         except EndpointError as exc:
             raise ExportConfigError(str(exc)) from None
     if config is not None:
@@ -127,7 +129,8 @@ def from_env(hub: Hub, env: dict[str, str] | None = None, lead: Callable[[str], 
             from opentelemetry import metrics, trace
 
             providers = {"meter_provider": metrics.get_meter_provider(), "tracer_provider": trace.get_tracer_provider()}
-        exports = start(hub, prometheus_port=port, prometheus_host=host, otlp=otlp is not None, **providers)
+        exports = start(hub, prometheus_port=port, prometheus_host=host, otlp=otlp is not None,
+                        api_key=env.get("SPECSCOPE_API_KEY") or None, **providers)
         if want_alerts:
             from specscope import alerts
 

@@ -16,8 +16,6 @@ it is looked at, so a response is never delayed; text is never kept.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import json
 import os
 import sys
@@ -25,6 +23,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qs
 
+from specscope import auth
 from specscope.collectors import vllm_hook, vllm_reader
 from specscope.hub import Hub, default_hub
 from specscope.model import encode
@@ -106,7 +105,7 @@ class _Guard:
                 self.verify = check
                 break
             node, seen = getattr(node, "app", None), seen + 1
-        self.hashes = [hashlib.sha256(k.encode()).digest() for k in _configured_keys(argv)]
+        self.hashes = auth.digests(_configured_keys(argv))
 
     @property
     def open(self) -> bool:
@@ -121,9 +120,7 @@ class _Guard:
 
             return bool(self.verify(Headers(scope=scope)))
         header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
-        scheme, _, token = header.partition(" ")
-        digest = hashlib.sha256(token.encode()).digest()
-        return scheme.lower() == "bearer" and any(hmac.compare_digest(digest, h) for h in self.hashes)
+        return auth.allows(header, self.hashes)
 
 
 class SpecscopeMiddleware:
