@@ -192,7 +192,8 @@ def run_pair(name: str, models: dict[str, Path], rounds: int, measured_ks: tuple
                            "model_on_measured_runs": raw["model_on_measured_runs"][b],
                            "c_basis": None if first is None else first.cost_basis,
                            "tokens_per_step": None if first is None else round(first.tokens_per_step, 3),
-                           "prefill_share": None if first is None else round(first.prefill_share, 3)}
+                           "prefill_share": None if first is None or first.prefill_share is None
+                           else round(first.prefill_share, 3)}
             if k == 4:
                 from_k4[b] = by_k
                 recommended[b] = max(range(len(by_k)), key=lambda j: (by_k[j], -j)) if by_k else 4

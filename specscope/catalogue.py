@@ -110,7 +110,7 @@ def _spec_value(interval: str, field: str) -> Callable[[Snapshot], Any]:
 
     def get(snap: Snapshot) -> Any:
         spec = getattr(snap, interval).spec
-        return getattr(spec, field) if spec is not None else None
+        return snap.known("spec_counts", getattr(spec, field)) if spec is not None else None
 
     return get
 
@@ -155,19 +155,25 @@ def _hist(value: Callable[[Snapshot], Histogram | None]) -> Reader:
     return read
 
 
-def _genai_hist(value: Callable[[Snapshot], Histogram | None]) -> Reader:
+def _genai_hist(field: str) -> Reader:
+    """A GenAI latency histogram, one per operation where the records said which (else all as completions)."""
+
     def read(snap: Snapshot, attrs: Attrs) -> Iterator[Sample]:
-        h = value(snap)
+        if snap.latency_by_operation:
+            for op in snap.latency_by_operation:
+                yield genai_attrs_of(snap.engine, op.operation), getattr(op, field)
+            return
+        h = getattr(snap, "request_duration" if field == "duration" else field)
         if h is not None:
             yield genai_attrs_of(snap.engine), h
 
     return read
 
 
-def genai_attrs_of(e: EngineInfo) -> Attrs:
+def genai_attrs_of(e: EngineInfo, operation: str = "text_completion") -> Attrs:
     """Required attributes of the GenAI server metrics (and of request spans)."""
     return {
-        "gen_ai.operation.name": "text_completion",
+        "gen_ai.operation.name": operation,
         "gen_ai.provider.name": e.server,
         "gen_ai.request.model": e.model or "",
     }
@@ -281,10 +287,10 @@ METRICS: tuple[Metric, ...] = (
            _one(lambda s: cost.share if (cost := draft_kv_cost(s)) else None)),
     Metric("specscope.engine.preemptions", "counter", "{preemption}",
            "Requests preempted (KV blocks taken back, to be recomputed).",
-           _one(lambda s: s.lifetime.preemptions)),
+           _one(lambda s: s.known("preemptions", s.lifetime.preemptions))),
     Metric("specscope.prefix_cache.hit_rate", "gauge", "1",
            "Prefix-cache hits / queries (tokens) over the sliding window.",
-           _one(lambda s: s.window.prefix_cache_hit_rate)),
+           _one(lambda s: s.known("prefix_cache", s.window.prefix_cache_hit_rate))),
     Metric("specscope.engine.requests", "updowncounter", "{request}",
            "Requests running and waiting in the engine.",
            _states(lambda s: {"running": s.running, "waiting": s.waiting}),
@@ -306,21 +312,22 @@ METRICS: tuple[Metric, ...] = (
     # --- requests (OpenTelemetry GenAI semantic conventions)
     Metric("gen_ai.server.request.duration", "histogram", "s",
            "Generative AI server request duration such as time-to-last byte or last output token.",
-           _genai_hist(lambda s: s.request_duration), GENAI_ATTRS,
+           _genai_hist("duration"), GENAI_ATTRS,
            buckets=model.REQUEST_DURATION_BOUNDS, per_request=lambda r: r.e2e_s),
     Metric("gen_ai.server.time_to_first_token", "histogram", "s",
            "Time to generate first token for successful responses.",
-           _genai_hist(lambda s: s.time_to_first_token), GENAI_ATTRS,
+           _genai_hist("time_to_first_token"), GENAI_ATTRS,
            buckets=model.TTFT_BOUNDS, per_request=lambda r: r.ttft_s),
     Metric("gen_ai.server.time_per_output_token", "histogram", "s",
            "Time per output token generated after the first token for successful responses.",
-           _genai_hist(lambda s: s.time_per_output_token), GENAI_ATTRS,
+           _genai_hist("time_per_output_token"), GENAI_ATTRS,
            buckets=model.TPOT_BOUNDS, per_request=lambda r: r.tpot_s or None),
     Metric("specscope.tokens", "counter", "{token}", "Prompt (input) and generated (output) tokens.",
-           _states(lambda s: {"input": s.lifetime.prompt_tokens, "output": s.lifetime.generation_tokens}),
+           _states(lambda s: {"input": s.known("prompt_tokens", s.lifetime.prompt_tokens),
+                              "output": s.known("generation_tokens", s.lifetime.generation_tokens)}),
            (*ENGINE_ATTRS, "state")),
     Metric("specscope.requests", "counter", "{request}", "Finished requests.",
-           _one(lambda s: s.lifetime.requests)),
+           _one(lambda s: s.known("request_count", s.lifetime.requests))),
     # --- specscope's own health
     Metric("specscope.errors", "counter", "{error}", "Failures of specscope's own code (never raised).",
            _errors, ("source",)),

@@ -262,7 +262,7 @@ def _headless(record: str | None) -> int:
             t.poll()
             if recorder is not None and t.snapshot is not None:
                 recorder.write(name, t.snapshot)
-            for a in t.evaluate(WINDOW_S):
+            for a in t.evaluate():
                 if a.state == "firing" and a.rule not in fired.setdefault(name, set()):
                     fired[name].add(a.rule)
                     print(f"  ALERT {a.rule} on '{name}': {a.summary}", flush=True)

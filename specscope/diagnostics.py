@@ -53,8 +53,9 @@ class SpeedupEstimate:
     tokens_per_step: float
     tokens_observed: bool
     decode_speedup: float
-    #: Share of the engine's time in steps carrying prefill, which speculation does not speed up.
-    prefill_share: float
+    #: Share of the engine's time in steps carrying prefill, which speculation does not speed up; None where no step
+    #: carrying prefill was timed at this batch size (the speedup is then decode's alone).
+    prefill_share: float | None
     #: End-to-end speedup for K = 0 (speculation off, 1.0) .. 16.
     by_k: tuple[float, ...]
     batch_size: int | None = None
@@ -89,7 +90,9 @@ class SpeedupEstimate:
         verdict = "pays" if self.pays else "does NOT pay"
         at = f" and batch {self.batch_size}" if self.batch_size else ""
         tokens = f"{self.tokens_per_step:.2f} tokens/step {'observed' if self.tokens_observed else 'modelled'}"
-        prefill = f", prefill {self.prefill_share:.0%} of engine time" if self.prefill_share >= 0.005 else ""
+        share = self.prefill_share
+        prefill = (", prefill not timed at this batch size: decode only" if share is None
+                   else f", prefill {share:.0%} of engine time" if share >= 0.005 else "")
         if self.best_k == 0:
             advice = "turn speculation off (K=0): no K makes it pay here"
         elif self.best_k == self.k:
@@ -205,17 +208,22 @@ def _observed_tokens(snap: Snapshot, k: int) -> float | None:
     return None
 
 
-def _prefill_per_decode(snap: Snapshot, batch: int | None, tokens: float) -> float:
+def _prefill_per_decode(snap: Snapshot, batch: int | None, tokens: float) -> float | None:
     """ρ at ``batch``: engine time on prefill per second of decode, from every step the engine ran there.
 
     Steps carrying prefill often decode other requests too (a new request joins a running batch), so their time is
     not all prefill. Over the steps at ``batch`` (pure decode and carrying prefill), the tokens decoded cost
     (generated − first tokens) / (batch × E) decode steps of T_spec(batch); what the steps took beyond that is
-    prefill, which speculation leaves as it is. 0 where the engine has not timed steps carrying prefill there.
+    prefill, which speculation leaves as it is. From the window's steps, else the lifetime's where the window timed
+    no step carrying prefill there; None (unknown, not 0) where neither did.
     """
-    st = _step(snap, batch) if batch else None
-    if st is None or not st.prefill_steps or tokens <= 0:
-        return 0.0
+    if not batch or tokens <= 0:
+        return None
+    st = _step(snap, batch)
+    if st is None or not st.prefill_steps:
+        st = snap.lifetime.step_times.get(batch, MIN_STEPS)
+    if st is None or not st.prefill_steps:
+        return None
     decoded = st.tokens + st.prefill_tokens - st.first_tokens
     decode_s = decoded / (st.batch_size * tokens) * st.mean_s
     prefill_s = st.steps * st.mean_s + st.prefill_s - decode_s
@@ -272,11 +280,11 @@ def estimate(snap: Snapshot, cost: CostRatio | None = None, batch_size: int | No
     if k < len(decode):
         decode[k] = decode_now
     rho, draft_prefill = _prefill_per_decode(snap, batch, tokens), _draft_prefill(snap)
-    by_k = (1.0, *(acc.end_to_end(s, decode_now, rho, draft_prefill) for s in decode[1:]))
+    by_k = (1.0, *(acc.end_to_end(s, decode_now, rho or 0.0, draft_prefill) for s in decode[1:]))
     return SpeedupEstimate(
         alpha=a, k=k, cost_ratio=cost.value, cost_basis=_basis(cost, measured is not None),
         cost_ratio_source=cost.source, tokens_per_step=tokens, tokens_observed=observed is not None,
-        decode_speedup=decode_now, prefill_share=rho / (1.0 + rho), by_k=by_k,
+        decode_speedup=decode_now, prefill_share=None if rho is None else rho / (1.0 + rho), by_k=by_k,
         batch_size=batch if measured is not None or observed is not None else None,
     )
 

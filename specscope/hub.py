@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -116,6 +116,7 @@ class Hub:
         self._baseline_problem: str | None = None
         self._requests = RequestLog(max_requests)
         self._errors: dict[str, int] = {}
+        self._unavailable: set[str] = set()
         self._last_error: str | None = None
         self._dropped = 0
         self._gpu = _GpuPoller(gpu_poll_s, self.count_error)
@@ -315,10 +316,12 @@ class Hub:
             log.warning("specscope: %s failed (%s: %s); counting further failures silently", where,
                         type(exc).__name__, exc)
 
-    def count_missing(self, fields: Sequence[str]) -> None:
-        """Count numbers vLLM's stats no longer carry (a renamed field); log each field the first time."""
+    def count_missing(self, fields: Sequence[str], unavailable: Iterable[str] = ()) -> None:
+        """Count numbers vLLM's stats no longer carry (a renamed field); log each field the first time. The
+        snapshot's numbers they leave unknown (``unavailable``) are None in every snapshot from now on."""
         first = []
         with self._lock:
+            self._unavailable.update(unavailable)
             for name in fields:
                 key = f"vllm field {name}"
                 n = self._errors.get(key, 0) + 1
@@ -331,9 +334,11 @@ class Hub:
                         "(counting further misses silently)", name)
 
     # ----------------------------------------------------------------- readers
-    def snapshot(self) -> Snapshot:
-        """The server's snapshot: this process's, merged with its other API-server processes' where shared."""
-        own = self.local_snapshot()
+    def snapshot(self, window_s: float | None = None) -> Snapshot:
+        """The server's snapshot: this process's, merged with its other API-server processes' where shared.
+        ``window_s``: the window's length (default: the hub's); beyond the kept history the window is all of it.
+        Other processes' windows are the ones they published (their hubs' own)."""
+        own = self.local_snapshot(window_s)
         others = self._share.others() if self._share is not None else []
         if not others:
             return own
@@ -341,19 +346,21 @@ class Hub:
 
         return replace(merge([own, *others], self._requests.max_requests), processes=1 + len(others))
 
-    def local_snapshot(self) -> Snapshot:
-        """An immutable view of everything this process recorded: the engines' sums, and each engine on its own."""
+    def local_snapshot(self, window_s: float | None = None) -> Snapshot:
+        """An immutable view of everything this process recorded: the engines' sums, and each engine on its own
+        (``window_s``: as in :meth:`snapshot`)."""
         self._flush_pending()
         gpu = self._poll_gpu()
         with self._lock:
             now = self._clock()
             k = self._engine.num_speculative_tokens
-            window_len = min(self._window_s, now - self._window_start)
+            span = self._window_s if window_s is None else min(window_s, self._ring_size - 1)
+            window_len = min(span, now - self._window_start)
             info = self._engine
             life, window = Counts(), Counts()
             engines = []
             for index, stream in sorted(self._streams.items()):
-                w = stream.ring.sum(int(now), int(self._window_s))
+                w = stream.ring.sum(int(now), int(span))
                 lifetime = stream.ring.lifetime()
                 life.add(lifetime)
                 window.add(w)
@@ -373,7 +380,7 @@ class Hub:
                 engine=info,
                 lifetime=life.totals(now - self._started, k),
                 window=fleet_window,
-                window_seconds=self._window_s,
+                window_seconds=span,
                 running=_sum(e.running for e in engines),
                 waiting=_sum(e.waiting for e in engines),
                 kv=combine_kv(info, engines) if engines else _kv(info, None, 0),
@@ -398,6 +405,8 @@ class Hub:
                 ),
                 engines=tuple(engines),
                 attributed=requests.attribution(),
+                unavailable=tuple(sorted(self._unavailable)),
+                latency_by_operation=requests.latency_by_operation(),
             )
 
     # ----------------------------------------------------------------- internals
@@ -414,7 +423,7 @@ class Hub:
     def _dispatch(self) -> None:
         while True:
             try:
-                rec = self._queue.get(timeout=self.PENDING_TIMEOUT_S / 2)
+                rec = self._queue.get(timeout=1.0)
             except queue.Empty:
                 # Release records whose second part never came, even when the engine is idle.
                 with self._lock:

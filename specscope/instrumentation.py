@@ -100,6 +100,7 @@ class VllmSpecDecodeInstrumentor(BaseInstrumentor):
             setattr(cls, "__init__", init)  # noqa: B010
         for engine in list(self._engines):
             wrapper.uninstrument(engine)
+        vllm_hook.uninstall()
         self._exporter.shutdown()
 
 

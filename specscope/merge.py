@@ -18,6 +18,7 @@ from specscope.model import (
     Health,
     Histogram,
     KVCache,
+    OperationLatency,
     PositionAcceptance,
     Snapshot,
     SpecCounts,
@@ -76,8 +77,15 @@ def add_totals(a: Totals, b: Totals) -> Totals:
 
 
 def _add_hist(a: Histogram | None, b: Histogram | None) -> Histogram | None:
-    if a is None or b is None or a.bounds != b.bounds:
+    if a is None or b is None:
         return a or b
+    return _sum_hist(a, b)
+
+
+def _sum_hist(a: Histogram, b: Histogram) -> Histogram:
+    """Two histograms' sum (the first where their buckets differ)."""
+    if a.bounds != b.bounds:
+        return a
     return Histogram(a.bounds, _add_seq(a.counts, b.counts), a.total + b.total)
 
 
@@ -133,6 +141,19 @@ def combine_kv(info: EngineInfo, engines: Sequence[EngineView]) -> KVCache:
                    tokens_held=None if note or None in held else sum(h or 0 for h in held), not_estimable=note)
 
 
+def _add_latency(snaps: Sequence[Snapshot]) -> tuple[OperationLatency, ...]:
+    """Each operation's latency histograms, added over the snapshots."""
+    ops: dict[str, OperationLatency] = {}
+    for s in snaps:
+        for o in s.latency_by_operation:
+            mine = ops.get(o.operation)
+            ops[o.operation] = o if mine is None else OperationLatency(
+                o.operation, _sum_hist(mine.duration, o.duration),
+                _sum_hist(mine.time_to_first_token, o.time_to_first_token),
+                _sum_hist(mine.time_per_output_token, o.time_per_output_token))
+    return tuple(ops[k] for k in sorted(ops))
+
+
 def merge(snaps: Sequence[Snapshot], max_requests: int = 1000) -> Snapshot:
     """One snapshot of a server from its processes' snapshots (the first is this process's own, fresh one)."""
     if len(snaps) == 1:
@@ -176,4 +197,6 @@ def merge(snaps: Sequence[Snapshot], max_requests: int = 1000) -> Snapshot:
         health=health,
         engines=engines,
         attributed=attributed,
+        unavailable=tuple(sorted({u for s in snaps for u in s.unavailable})),
+        latency_by_operation=_add_latency(snaps),
     )

@@ -91,6 +91,16 @@ class Histogram:
 
 
 @dataclass(frozen=True, slots=True)
+class OperationLatency:
+    """The latency histograms of the requests of one GenAI operation (``chat``, ``text_completion``)."""
+
+    operation: str
+    duration: Histogram
+    time_to_first_token: Histogram
+    time_per_output_token: Histogram
+
+
+@dataclass(frozen=True, slots=True)
 class StepTime:
     """The engine's steps at one batch size: pure decode steps, and steps carrying prefill.
 
@@ -301,19 +311,21 @@ class KVCache:
 
     @property
     def token_usage(self) -> float | None:
-        """Estimated token slots held by live requests / all token slots."""
+        """Estimated token slots held by live requests / all token slots. Not clamped: above 1, or above the block
+        usage, the estimate over-counts (see docs/kv-cache.md), and that shows."""
         cap = self.capacity_tokens
         if self.tokens_held is None or not cap:
             return None
-        return min(1.0, self.tokens_held / cap)
+        return self.tokens_held / cap
 
     @property
     def fragmentation(self) -> float | None:
-        """1 − token slots held / block slots allocated; None while nothing is allocated."""
+        """1 − token slots held / block slots allocated; None while nothing is allocated. Negative where the token
+        estimate over-counts (not clamped to 0, which would read as a perfectly packed cache)."""
         tu = self.token_usage
         if tu is None or not self.block_usage:
             return None
-        return max(0.0, 1.0 - tu / self.block_usage)
+        return 1.0 - tu / self.block_usage
 
 
 @dataclass(frozen=True, slots=True)
@@ -550,6 +562,12 @@ class Snapshot:
     unavailable: tuple[str, ...] = ()
     #: Numbers an engine reports only as gauges, by name (e.g. SGLang's ``acceptance_rate``).
     reported: tuple[tuple[str, float], ...] = ()
+    #: The three latency histograms above, split by GenAI operation (where the requests' records say which).
+    latency_by_operation: tuple[OperationLatency, ...] = ()
+
+    def known(self, what: str, value: Any) -> Any:
+        """``value``, or None where the source cannot provide ``what`` (it is in :attr:`unavailable`)."""
+        return None if what in self.unavailable else value
 
     @property
     def uptime_s(self) -> float:

@@ -118,10 +118,11 @@ def resource_attributes(info: EngineInfo, service_name: str | None) -> dict[str,
     return attrs
 
 
-def static_attrs(metric: catalogue.Metric, info: EngineInfo) -> dict[str, str]:
-    """The attributes a histogram observation carries: the server's, or the GenAI ones."""
+def static_attrs(metric: catalogue.Metric, info: EngineInfo, rec: RequestRecord) -> dict[str, str]:
+    """The attributes a request's histogram observation carries: the server's, or the GenAI ones (with the
+    request's operation)."""
     if metric.attributes == catalogue.GENAI_ATTRS:
-        return catalogue.genai_attrs_of(info)
+        return catalogue.genai_attrs_of(info, rec.operation_name)
     return catalogue.server_attrs_of(info)
 
 
@@ -273,7 +274,7 @@ class OtelExporter:
         for m, inst in self._histograms:
             value = m.per_request(rec) if m.per_request else None
             if value is not None:
-                inst.record(value, static_attrs(m, info))
+                inst.record(value, static_attrs(m, info, rec))
         if self._tracer_provider is not None:
             self._span(rec, info)
 
@@ -283,8 +284,7 @@ class OtelExporter:
         end_ns = int(rec.finished_at * 1e9)
         start_ns = end_ns - int((rec.e2e_s or 0.0) * 1e9)
         attrs: dict[str, Any] = {
-            **catalogue.genai_attrs_of(info),
-            "gen_ai.operation.name": rec.operation_name,
+            **catalogue.genai_attrs_of(info, rec.operation_name),
             "gen_ai.response.id": rec.request_id,
             "specscope.draft_model": info.draft_model or "",
             "specscope.method": info.method or "",

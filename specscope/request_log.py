@@ -3,8 +3,9 @@
 A record may come in parts from several sources (the stat logger's engine timing, the server's response); it is
 *final* once every expected part is in, or after :data:`PENDING_TIMEOUT_S` without the rest. Final records get a
 ``final_seq`` (the cursor incremental readers fetch by), feed the per-request histograms and the attribution sums,
-and go to the listeners. Only the last ``max_requests`` records are kept. Not thread-safe: the hub calls it under
-its lock.
+and go to the listeners, once: a part that comes after its record was made final amends the record and adds only
+what it brought to the histograms and sums. Only the last ``max_requests`` records are kept. Not thread-safe: the
+hub calls it under its lock.
 """
 
 from __future__ import annotations
@@ -26,12 +27,16 @@ from specscope.model import (
     TTFT_BOUNDS,
     Attribution,
     Histogram,
+    OperationLatency,
     PositionAcceptance,
     RequestRecord,
 )
 
-#: Seconds a record waits for its other part before it is final as it is.
-PENDING_TIMEOUT_S = 2.0
+#: Distinct GenAI operation names whose latency is kept apart (vLLM's server has chat and completions).
+MAX_OPERATIONS = 8
+#: Seconds a record waits for its other part before it is final as it is: longer than the stat logger keeps steps
+#: before adding them (:data:`specscope.collectors.vllm_logger.BATCH_S`), so the engine's part is not late.
+PENDING_TIMEOUT_S = 10.0
 
 
 class _Hist:
@@ -66,6 +71,8 @@ class RequestLog:
         self.e2e = _Hist(REQUEST_DURATION_BOUNDS)
         self.ttft = _Hist(TTFT_BOUNDS)
         self.tpot = _Hist(TPOT_BOUNDS)
+        #: operation name -> its e2e, TTFT and TPOT histograms (the GenAI metrics are split by operation)
+        self._by_operation: dict[str, tuple[_Hist, _Hist, _Hist]] = {}
         self._attributed = [0, 0, 0, 0]  # requests, spec steps, draft tokens, accepted
         self._positions = [[0, 0] for _ in range(len(OUTPUT_POSITION_BOUNDS) + 1)]  # [drafted, accepted]
         self._positions_seen = False
@@ -86,7 +93,11 @@ class RequestLog:
                 self._parts.pop(old, None)
                 self._pending.pop(old, None)
         else:
-            rec = replace(rec, **fields)
+            known = {k: v for k, v in fields.items() if v is not None}  # a part's unknowns keep the other's numbers
+            if rec.final_seq and request_id not in self._pending:
+                self._amend(rec, replace(rec, **known))
+                return self.release_expired(now)
+            rec = replace(rec, **known)
             self.recent[request_id] = rec
         done = []
         if final:
@@ -137,6 +148,11 @@ class RequestLog:
         return PositionAcceptance(OUTPUT_POSITION_BOUNDS, tuple(d for d, _ in self._positions),
                                   tuple(a for _, a in self._positions))
 
+    def latency_by_operation(self) -> tuple[OperationLatency, ...]:
+        """The latency histograms of each operation's requests so far."""
+        return tuple(OperationLatency(op, *(h.freeze() for h in hists))
+                     for op, hists in sorted(self._by_operation.items()))
+
     def attribution(self) -> Attribution:
         """Speculative counts summed over every final record so far (not only the kept ones)."""
         return Attribution(*self._attributed)
@@ -146,19 +162,44 @@ class RequestLog:
         if rec.final_seq != self._final_seq:
             rec = replace(rec, final_seq=self._final_seq)
             self.recent[rec.request_id] = rec
-        if rec.acceptance_rate is not None:
-            self.rate.observe(rec.acceptance_rate)
-        if rec.mean_acceptance_length is not None:
-            self.length.observe(rec.mean_acceptance_length)
-        if rec.e2e_s is not None:
-            self.e2e.observe(rec.e2e_s)
-        if rec.ttft_s is not None:
-            self.ttft.observe(rec.ttft_s)
-        if rec.tpot_s:
-            self.tpot.observe(rec.tpot_s)
-        att = self._attributed
-        att[0] += 1
-        att[1] += rec.spec_steps or 0
-        att[2] += rec.draft_tokens or 0
-        att[3] += rec.accepted_tokens or 0
+        self._observe(rec, _NOTHING)
+        self._attributed[0] += 1
         return rec
+
+    def _amend(self, old: RequestRecord, new: RequestRecord) -> None:
+        """A final record's late part: the record is amended (its ``final_seq`` kept), and what the part added goes
+        to the histograms and sums; the request is not counted again and not published again."""
+        self.recent[new.request_id] = new
+        self._observe(new, old)
+
+    def _observe(self, rec: RequestRecord, before: RequestRecord) -> None:
+        """Add to the histograms each value ``rec`` has that ``before`` did not, and to the sums their difference."""
+        op = self._by_operation.get(rec.operation_name)
+        if op is None and len(self._by_operation) < MAX_OPERATIONS:
+            op = self._by_operation[rec.operation_name] = (_Hist(REQUEST_DURATION_BOUNDS), _Hist(TTFT_BOUNDS),
+                                                           _Hist(TPOT_BOUNDS))
+        e2e, ttft, tpot = op or (None, None, None)
+        for hists, value in (((self.rate,), _RATE), ((self.length,), _LENGTH), ((self.e2e, e2e), _E2E),
+                             ((self.ttft, ttft), _TTFT), ((self.tpot, tpot), _tpot)):
+            v = value(rec)
+            if v is not None and value(before) is None:
+                for hist in hists:
+                    if hist is not None:
+                        hist.observe(v)
+        att = self._attributed
+        att[1] += (rec.spec_steps or 0) - (before.spec_steps or 0)
+        att[2] += (rec.draft_tokens or 0) - (before.draft_tokens or 0)
+        att[3] += (rec.accepted_tokens or 0) - (before.accepted_tokens or 0)
+
+
+#: A record with nothing known (what a new record is observed against).
+_NOTHING = RequestRecord(request_id="", seq=0, finished_at=0.0)
+#: The per-request values the histograms observe (a zero TPOT, of a one-token request, is not observed).
+_RATE = operator.attrgetter("acceptance_rate")
+_LENGTH = operator.attrgetter("mean_acceptance_length")
+_E2E = operator.attrgetter("e2e_s")
+_TTFT = operator.attrgetter("ttft_s")
+
+
+def _tpot(r: RequestRecord) -> float | None:
+    return r.tpot_s or None

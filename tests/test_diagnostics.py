@@ -320,3 +320,21 @@ def test_bad_baseline_files_say_what_is_wrong(tmp_path: Path) -> None:
     bad.write_text('{"model": "tiny", "step_times": [{"batch_size": 1, "steps": 5, "mean_s": 0.01}]}')
     old = load_profile(bad)  # a baseline written before setups were recorded is used as it is
     assert old.setup is None and old.source == "baseline b.json of tiny"
+
+
+def test_a_prefill_share_never_timed_is_unknown_not_zero(tmp_path: Path) -> None:
+    """Without a step carrying prefill timed at the batch, the share of prefill is None (shown n/a, said in the
+    explanation): 0 would claim decode is all there is and over-state the speedup."""
+    clock = Clock()
+    hub = Hub(clock=clock)
+    hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model", setup=SETUP))
+    hub.set_cost_ratio(CostRatio(1.0, "estimated from parameters per token", 100, 100))
+    steps(hub, clock, 1, 0.008, 30, accepted=3)  # no prefill step timed
+    with_baseline(hub, tmp_path)
+    est = estimate(hub.snapshot(), batch_size=1)
+    assert est is not None and est.prefill_share is None
+    assert est.expected_speedup == pytest.approx(est.decode_speedup)
+    assert "prefill not timed at this batch size: decode only" in est.explain()
+    steps(hub, clock, 1, 0.008, 30, accepted=3, prefill_s=0.004)
+    timed = estimate(hub.snapshot(), batch_size=1)
+    assert timed is not None and timed.prefill_share is not None and timed.prefill_share > 0

@@ -14,7 +14,7 @@ import pytest
 
 from specscope.counts import StepBatch
 from specscope.hub import Hub, StepStats
-from specscope.model import GpuMemory
+from specscope.model import EngineInfo, GpuMemory
 
 
 class Clock:
@@ -169,15 +169,52 @@ def test_a_request_missing_its_second_part_is_released_after_a_timeout() -> None
 
 
 def test_pending_records_are_released_while_the_engine_is_idle() -> None:
-    hub = Hub()
+    clock = Clock()
+    hub = Hub(clock=clock)
     hub.expect_request_parts(2)
     got: list[Any] = []
     hub.add_listener(got.append)
     hub.record_request("idle", e2e_s=1.0)
-    deadline = time.monotonic() + 3 * Hub.PENDING_TIMEOUT_S
+    clock.t += Hub.PENDING_TIMEOUT_S + 0.1
+    deadline = time.monotonic() + 5.0
     while not got and time.monotonic() < deadline:
         time.sleep(0.05)
     assert [r.request_id for r in got] == ["idle"]
+
+
+def test_a_part_that_comes_after_its_record_was_released_amends_it_and_counts_once() -> None:
+    """The join path: a response's part is released alone, then the engine's part comes (the stat logger's batch
+    was late). One request, one publication, its draft tokens once; the late numbers still reach the record and
+    the histograms."""
+    clock = Clock()
+    hub = Hub(clock=clock)
+    hub.set_engine(EngineInfo(num_speculative_tokens=4))
+    hub.expect_request_parts(2)
+    got: list[Any] = []
+    hub.add_listener(got.append)
+    hub.record_request("late", e2e_s=1.0, ttft_s=0.2)
+    clock.t += Hub.PENDING_TIMEOUT_S + 0.1
+    hub.record_step(StepStats())
+    hub.record_request("late", e2e_s=1.0, ttft_s=None, spec_steps=5, draft_tokens=20, accepted_tokens=10,
+                       acceptance_histogram=(1, 1, 1, 1, 1))
+    hub.record_step(StepStats())
+    clock.t += 2 * Hub.PENDING_TIMEOUT_S
+    hub.record_step(StepStats())
+    hub.wait_idle()
+    assert [r.request_id for r in got] == ["late"]
+    snap = hub.snapshot()
+    assert snap.attributed is not None
+    assert (snap.attributed.requests, snap.attributed.draft_tokens, snap.attributed.accepted) == (1, 20, 10)
+    (rec,) = snap.requests
+    assert rec.ttft_s == 0.2 and rec.accepted_tokens == 10  # the engine's unknown TTFT kept the response's
+    assert snap.request_duration is not None and snap.request_duration.count == 1
+    assert snap.request_acceptance_rate is not None and snap.request_acceptance_rate.count == 1
+
+
+def test_the_stat_logger_keeps_steps_for_less_time_than_a_record_waits_for_its_part() -> None:
+    from specscope.collectors.vllm_logger import BATCH_S
+
+    assert BATCH_S < Hub.PENDING_TIMEOUT_S
 
 
 def test_request_history_is_bounded() -> None:
@@ -340,3 +377,14 @@ def test_acceptance_by_output_position_bins_each_step_where_it_drafted() -> None
     assert positions is not None
     assert [list(x) for x in zip(positions.draft_tokens, positions.accepted, strict=True)] == expected
     assert positions.draft_tokens[-1] > 0  # past the last bound
+
+
+def test_an_over_counting_token_estimate_shows_instead_of_being_clamped() -> None:
+    """docs/kv-cache.md: the estimate is never clamped; an over-count reads above the block usage (negative
+    fragmentation), not as a perfectly packed cache."""
+    from specscope.model import KVCache
+
+    kv = KVCache(block_size=16, num_blocks=11, block_usage=0.5, tokens_held=120)
+    assert kv.token_usage == pytest.approx(0.75)
+    assert kv.fragmentation == pytest.approx(-0.5)
+    assert KVCache(block_size=16, num_blocks=11, block_usage=1.0, tokens_held=200).token_usage == pytest.approx(1.25)

@@ -145,8 +145,17 @@ def test_given_providers_get_the_metrics_and_spans_and_the_right_operation() -> 
     assert ops == {"chatcmpl-abc": ("chat tgt", "chat"), "cmpl-def-0": ("text_completion tgt", "text_completion"),
                    "7": ("chat tgt", "chat")}
     data = reader.get_metrics_data()
-    names = {m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
-    assert {"specscope.spec_decode.acceptance_rate", "specscope.spec_decode.draft_tokens"} <= names
+    metrics = {m.name: m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+    assert {"specscope.spec_decode.acceptance_rate", "specscope.spec_decode.draft_tokens"} <= set(metrics)
+    # The GenAI latency metrics say each request's operation, as its span does: two chats, one completion.
+    duration = {p.attributes["gen_ai.operation.name"]: p.count
+                for p in metrics["gen_ai.server.request.duration"].data.data_points}
+    assert duration == {"chat": 2, "text_completion": 1}
+    from specscope.prometheus_export import SnapshotCollector
+
+    scraped = {s.labels["gen_ai_operation_name"]: s.value for fam in SnapshotCollector(hub.snapshot).collect()
+               for s in fam.samples if s.name == "gen_ai_server_request_duration_seconds_count"}
+    assert scraped == {"chat": 2, "text_completion": 1}
     running.close()
     tracers.get_tracer("app").start_span("after").end()  # the application's provider still runs
     assert memory.get_finished_spans()[-1].name == "after"

@@ -119,3 +119,16 @@ def test_help_documents_the_exit_codes() -> None:
     r = cli("--help")
     text = " ".join(r.stdout.split())
     assert r.returncode == 0 and "0 identical, compatible" in text and "or warning" in text and "1 mismatch" in text
+
+
+def test_a_tokenizer_that_cannot_be_loaded_shows_in_health() -> None:
+    """No verdict is not a quiet INFO line: the failed check is counted where the snapshot and top show it."""
+    from specscope.hub import Hub
+    from specscope.tokenizer_check import record_verdict
+
+    hub = Hub()
+    record_verdict("/nonexistent/target", "/nonexistent/draft", hub)
+    snap = hub.snapshot()
+    assert snap.tokenizer is None
+    assert dict(snap.health.errors) == {"tokenizer check": 1}
+    assert "no such directory" in (snap.health.last_error or "")

@@ -39,12 +39,22 @@ class Notifier(Protocol):
     def notify(self, alerts: Sequence[Alert]) -> None: ...
 
 
-class Evaluator:
-    """Evaluates rules on snapshots; thread-safe; failures of notifiers are counted in the hub, never raised."""
+#: Where a failing rule or notifier is counted: ``(where, exception)``, as :meth:`Hub.count_error` takes them.
+ErrorSink = Callable[[str, BaseException], None]
 
-    def __init__(self, hub: Hub, rules: Sequence[Rule] = RULES, thresholds: Thresholds | None = None,
-                 notifiers: Sequence[Notifier] = (), clock: Callable[[], float] = time.time) -> None:
+
+class Evaluator:
+    """Evaluates rules on snapshots; thread-safe; failures of rules and notifiers go to ``on_error`` (default: the
+    hub's error count), never raised. Without a snapshot it reads the hub's over the thresholds' ``window_s``, the
+    window the Prometheus rules use too."""
+
+    def __init__(self, hub: Hub | None = None, rules: Sequence[Rule] = RULES, thresholds: Thresholds | None = None,
+                 notifiers: Sequence[Notifier] = (), clock: Callable[[], float] = time.time,
+                 on_error: ErrorSink | None = None) -> None:
+        if on_error is None and hub is None:
+            raise ValueError("an Evaluator needs a hub or an error sink")
         self.hub = hub
+        self.on_error: ErrorSink = on_error or hub.count_error  # type: ignore[union-attr]
         self.rules = tuple(rules)
         self.thresholds = (thresholds or Thresholds()).check()
         self.notifiers = list(notifiers)
@@ -54,8 +64,12 @@ class Evaluator:
         self._last_true: dict[tuple[str, str], float] = {}
 
     def evaluate(self, snap: Snapshot | None = None) -> list[Alert]:
-        """Advance every rule's state on ``snap`` (default: a fresh snapshot); return the transitions."""
-        snap = snap or self.hub.snapshot()
+        """Advance every rule's state on ``snap`` (default: the hub's, over the thresholds' window); return the
+        transitions."""
+        if snap is None:
+            if self.hub is None:
+                raise ValueError("evaluate() without a hub needs a snapshot")
+            snap = self.hub.snapshot(self.thresholds.window_s)
         now = self._clock()
         t = self.thresholds
         changed: list[Alert] = []
@@ -68,7 +82,7 @@ class Evaluator:
                     try:
                         active = rule.firing(view, t)
                     except Exception as exc:
-                        self.hub.count_error(f"alert rule {rule.name}", exc)
+                        self.on_error(f"alert rule {rule.name}", exc)
                         continue
                     changed += self._advance(rule, (rule.name, engine), labels, view, active, now)
             firing = [a for a in self._alerts.values() if a.state == "firing" and a not in changed]
@@ -80,7 +94,7 @@ class Evaluator:
             try:
                 notifier.notify(batch)
             except Exception as exc:
-                self.hub.count_error(f"notifier {type(notifier).__name__}", exc)
+                self.on_error(f"notifier {type(notifier).__name__}", exc)
         return changed
 
     def _advance(self, rule: Rule, key: tuple[str, str], labels: dict[str, str], snap: Snapshot, active: bool,
@@ -129,7 +143,7 @@ class AlertLoop:
             try:
                 self.evaluator.evaluate()
             except Exception as exc:
-                self.evaluator.hub.count_error("alert loop", exc)
+                self.evaluator.on_error("alert loop", exc)
 
     def stop(self) -> None:
         """Stop evaluating."""

@@ -160,6 +160,7 @@ def _sum(samples: Samples, name: str) -> float | None:
 
 
 def _int(samples: Samples, name: str) -> int:
+    """A counter as an int; 0 when the page lacks it, which the snapshot then lists as unavailable."""
     return round(_sum(samples, name) or 0)
 
 
@@ -202,16 +203,32 @@ def _vllm_spec(samples: Samples) -> SpecCounts | None:
         pos = int(labels.get("position", "0"))
         per_pos[pos] = per_pos.get(pos, 0.0) + v
     drafts = _sum(samples, "vllm:spec_decode_num_drafts_total")
-    if drafts is None or not per_pos:
-        return None
+    draft_tokens = _sum(samples, "vllm:spec_decode_num_draft_tokens_total")
+    accepted = _sum(samples, "vllm:spec_decode_num_accepted_tokens_total")
+    if drafts is None or draft_tokens is None or accepted is None or not per_pos:
+        return None  # acceptance is accepted / drafted: without both there is none, never 0
     k = max(per_pos) + 1
     return SpecCounts(
         num_spec_tokens=k,
         drafts=round(drafts),
-        draft_tokens=_int(samples, "vllm:spec_decode_num_draft_tokens_total"),
-        accepted=_int(samples, "vllm:spec_decode_num_accepted_tokens_total"),
+        draft_tokens=round(draft_tokens),
+        accepted=round(accepted),
         accepted_per_pos=tuple(round(per_pos.get(i, 0)) for i in range(k)),
     )
+
+
+#: The snapshot's numbers (names in ``Snapshot.unavailable``) that a page without these counters cannot give.
+_VLLM_COUNTED = (("vllm:prompt_tokens_total", "prompt_tokens"), ("vllm:generation_tokens_total", "generation_tokens"),
+                 ("vllm:request_success_total", "request_count"), ("vllm:num_preemptions_total", "preemptions"),
+                 ("vllm:prefix_cache_queries_total", "prefix_cache"), ("vllm:prefix_cache_hits_total", "prefix_cache"))
+
+
+def _vllm_missing(samples: Samples) -> tuple[str, ...]:
+    """What the page's missing counters leave unknown (their totals read 0 and are listed as unavailable)."""
+    missing = {what for name, what in _VLLM_COUNTED if name not in samples}
+    if "vllm:spec_decode_num_drafts_total" in samples and _vllm_spec(samples) is None:
+        missing.add("spec_counts")  # speculating, but a count acceptance needs is gone
+    return tuple(sorted(missing))
 
 
 def _vllm_totals(samples: Samples, seconds: float) -> Totals:
@@ -288,7 +305,7 @@ def vllm_snapshot(samples: Samples, now: float) -> Snapshot:
         request_duration=_histogram(samples, "vllm:e2e_request_latency_seconds"),
         time_to_first_token=_histogram(samples, "vllm:time_to_first_token_seconds"),
         time_per_output_token=_histogram(samples, "vllm:request_time_per_output_token_seconds"),
-        unavailable=METRICS_PAGE_UNAVAILABLE,
+        unavailable=(*METRICS_PAGE_UNAVAILABLE, *_vllm_missing(samples)),
         engines=tuple(engines),
     )
 

@@ -41,13 +41,18 @@ OPERATION: contextvars.ContextVar[str | None] = contextvars.ContextVar("specscop
 
 _lock = threading.Lock()
 _installed: bool | None = None
+#: Those who asked for the hook and have not let it go (the stat-logger plugin never does; an instrumentor's
+#: ``uninstrument`` does), and what the hook replaced: ``(owner, attribute, original)``.
+_holders = 0
+_replaced: list[tuple[Any, str, Any]] = []
 failures = 0
 
 
 def install() -> bool:
-    """Wrap vLLM's output processor once per process; True when the hook is in place."""
-    global _installed
+    """Wrap vLLM's output processor (once per process, however many ask); True when the hook is in place."""
+    global _installed, _holders
     with _lock:
+        _holders += 1
         if _installed is not None:
             return _installed
         _installed = _install()
@@ -57,9 +62,27 @@ def install() -> bool:
         return _installed
 
 
+def uninstall() -> None:
+    """Let go of the hook asked for by :func:`install`; the last to let go puts vLLM's methods back."""
+    global _installed, _holders
+    with _lock:
+        _holders = max(0, _holders - 1)
+        if _holders or not _installed:
+            return
+        for owner, name, original in reversed(_replaced):
+            setattr(owner, name, original)
+        _replaced.clear()
+        _installed = None
+
+
 def installed() -> bool:
     """Whether the hook is in place (False before :func:`install`)."""
     return bool(_installed)
+
+
+def _replace(owner: Any, name: str, wrapped: Any) -> None:
+    _replaced.append((owner, name, getattr(owner, name)))
+    setattr(owner, name, wrapped)
 
 
 def trace_carrier(trace_headers: Any) -> dict[str, str] | None:
@@ -104,7 +127,7 @@ def _wrap_add_request(cls: Any) -> None:
         def add_request(self: Any, request_id: Any, *args: Any, **kwargs: Any) -> Any:
             _remember(request_id, kwargs.get("trace_headers"))
             return original(self, request_id, *args, **kwargs)
-    cls.add_request = add_request
+    _replace(cls, "add_request", add_request)
 
 
 def _span_processor() -> Any:
@@ -176,7 +199,7 @@ def _install() -> bool:
                 failures += 1
             return result
 
-        OutputProcessor.do_tracing = do_tracing  # type: ignore[method-assign]
+        _replace(OutputProcessor, "do_tracing", do_tracing)
 
     def _update_stats_from_finished(self: Any, req_state: Any, finish_reason: Any, iteration_stats: Any) -> None:
         original(self, req_state, finish_reason, iteration_stats)
@@ -198,5 +221,5 @@ def _install() -> bool:
             failures += 1
 
     _update_stats_from_finished.__wrapped__ = original  # type: ignore[attr-defined]
-    OutputProcessor._update_stats_from_finished = _update_stats_from_finished  # type: ignore[method-assign]
+    _replace(OutputProcessor, "_update_stats_from_finished", _update_stats_from_finished)
     return True

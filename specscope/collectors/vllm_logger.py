@@ -18,6 +18,7 @@ from vllm.v1.metrics.loggers import AggregateStatLoggerBase
 from specscope.collectors import vllm_hook, vllm_reader
 from specscope.counts import StepBatch
 from specscope.hub import Hub, default_hub
+from specscope.request_log import PENDING_TIMEOUT_S
 
 log = logging.getLogger("specscope")
 _exports_started = False
@@ -25,9 +26,10 @@ _version_checked = False
 _share: Any = None
 #: The most steps, and seconds, the stat logger keeps before adding them to the hub (readers flush at once). The
 #: seconds bound how late a finished request reaches the hub's listeners when nothing reads the hub: 5 s, the OTLP
-#: span exporter's own batch delay and the alert loop's interval.
+#: span exporter's own batch delay and the alert loop's interval, and half the time a request record waits for its
+#: other part (so the engine's part is never late for it).
 BATCH_STEPS = 64
-BATCH_S = 5.0
+BATCH_S = PENDING_TIMEOUT_S / 2
 #: A kept step's place for the front end's operation name when no request finished in it.
 _NOT_FINISHED = object()
 
@@ -120,16 +122,8 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
 
     def _add(self, rows: list[tuple[Any, ...]]) -> None:
         hub = self.target
-        missing: list[str] = []
-        for engine in {row[1] for row in rows}:
-            steps = [row for row in rows if row[1] == engine]
-            try:
-                batch = self._read(steps, missing)
-                hub.record_steps(engine, batch)
-            except Exception as exc:
-                hub.count_error("stat logger step", exc)
-        if missing:
-            hub.count_missing(missing)
+        # The finished requests' parts first: adding the steps releases the records whose other part is overdue
+        # at the batch's last step, and these parts are not overdue.
         try:
             parts = []
             for now, engine, _, it, operation in [row for row in rows if row[4] is not _NOT_FINISHED]:
@@ -142,6 +136,16 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
                 hub.record_finished(parts)
         except Exception as exc:
             hub.count_error("stat logger requests", exc)
+        missing: list[str] = []
+        for engine in {row[1] for row in rows}:
+            steps = [row for row in rows if row[1] == engine]
+            try:
+                batch = self._read(steps, missing)
+                hub.record_steps(engine, batch)
+            except Exception as exc:
+                hub.count_error("stat logger step", exc)
+        if missing:
+            hub.count_missing(missing, vllm_reader.unavailable(missing))
         if vllm_hook.failures != self._hook_failures:
             self._hook_failures = vllm_hook.failures
             hub.count_error("request hook", RuntimeError("vLLM's request state changed shape"))

@@ -181,11 +181,13 @@ class _Fields:
     """Several fields of one vLLM stats object, read in one C call; when one is gone (vLLM renamed it), each is read
     on its own with its default, and the gone ones are named: drift costs that number, not the step."""
 
-    __slots__ = ("_defaults", "_getter", "_names")
+    __slots__ = ("_absent", "_defaults", "_getter", "_names")
 
-    def __init__(self, **defaults: Any) -> None:
+    def __init__(self, absent: tuple[Any, ...] | None = None, **defaults: Any) -> None:
         self._names = tuple(defaults)
         self._defaults = tuple(defaults.values())
+        #: What an object that is None reads as (default: the defaults).
+        self._absent = self._defaults if absent is None else absent
         self._getter = attrgetter(*self._names)
 
     def read(self, obj: Any, missing: list[str] | None) -> Any:
@@ -195,22 +197,44 @@ class _Fields:
             return tuple(_get(obj, n, d, missing) for n, d in zip(self._names, self._defaults, strict=True))
 
     def columns(self, objs: Sequence[Any], missing: list[str] | None) -> list[Sequence[Any]]:
-        """The fields of several objects, one sequence per field; an object that is None reads as the defaults."""
+        """The fields of several objects, one sequence per field; an object that is None reads as ``absent``."""
         try:
             rows = list(map(self._getter, objs))
         except AttributeError:
-            rows = [self._defaults if o is None else self.read(o, missing) for o in objs]
+            rows = [self._absent if o is None else self.read(o, missing) for o in objs]
         return list(zip(*rows, strict=True)) if rows else [()] * len(self._names)
 
 
 _SCHEDULER = _Fields(num_running_reqs=None, num_waiting_reqs=None, kv_cache_usage=None, prefix_cache_stats=None,
                      spec_decoding_stats=None)
 _PREFIX_CACHE = _Fields(queries=0, hits=0)
-_SPEC = _Fields(num_spec_tokens=None, num_drafts=0, num_draft_tokens=0, num_accepted_tokens=0,
-                num_accepted_tokens_per_pos=(), num_draft_tokens_per_pos=())
+#: A step's speculative counts are read whole or not at all: acceptance is accepted / drafted, so a step missing one
+#: of its counts (vLLM renamed it) counts no drafts (:func:`_whole_spec`), rather than drafts with nothing accepted.
+_NO_SPEC = (None, 0, 0, 0, (), ())
+_SPEC = _Fields(absent=_NO_SPEC, num_spec_tokens=None, num_drafts=None, num_draft_tokens=None, num_accepted_tokens=None,
+                num_accepted_tokens_per_pos=None, num_draft_tokens_per_pos=())
 _ITERATION = _Fields(num_prompt_tokens=0, num_generation_tokens=0, num_preempted_reqs=0, finished_requests=(),
                      inter_token_latencies_iter=None, time_to_first_tokens_iter=None)
 _FINISHED_TOKENS = _Fields(num_prompt_tokens=0, num_generation_tokens=0)
+
+
+#: The snapshot's numbers (names in ``Snapshot.unavailable``) that a field vLLM renamed takes away.
+_UNAVAILABLE = {
+    **dict.fromkeys(("SpecDecodingStats.num_drafts", "SpecDecodingStats.num_draft_tokens",
+                     "SpecDecodingStats.num_accepted_tokens", "SpecDecodingStats.num_accepted_tokens_per_pos"),
+                    "spec_counts"),
+    "IterationStats.num_prompt_tokens": "prompt_tokens",
+    "IterationStats.num_generation_tokens": "generation_tokens",
+    "IterationStats.num_preempted_reqs": "preemptions",
+    "PrefixCacheStats.queries": "prefix_cache",
+    "PrefixCacheStats.hits": "prefix_cache",
+}
+
+
+def unavailable(missing: Sequence[str]) -> set[str]:
+    """The snapshot's numbers that the missing fields (``Type.field``) leave unknown; a gauge read as None needs
+    no name."""
+    return {_UNAVAILABLE[m] for m in missing if m in _UNAVAILABLE}
 
 
 def version_warning(version: str | None) -> str | None:
@@ -246,7 +270,7 @@ def read_steps(times: Sequence[float], scheduler_stats: Sequence[Any], iteration
         waiting = [w if w is None else w + getattr(s, "num_skipped_waiting_reqs", 0)
                    for w, s in zip(waiting, scheduler_stats, strict=True)]
     pc_queries, pc_hits = _PREFIX_CACHE.columns(pcs, missing)
-    k, drafts, draft_tokens, accepted, per_pos, dt_per_pos = _SPEC.columns(sds, missing)
+    k, drafts, draft_tokens, accepted, per_pos, dt_per_pos = _whole_spec(*_SPEC.columns(sds, missing))
     rejected = rejections_per_step(drafts, per_pos, dt_per_pos)
     prompt, generated, preempted, finished, itl, ttft = _ITERATION.columns(iteration_stats, missing)
     n_finished = list(map(len, finished))
@@ -257,6 +281,16 @@ def read_steps(times: Sequence[float], scheduler_stats: Sequence[Any], iteration
     return StepBatch(times, running, waiting, kv_usage, preempted, pc_queries, pc_hits, prompt, generated, n_finished,
                      finished_tokens, k, drafts, draft_tokens, accepted, per_pos, dt_per_pos, rejected, batch, decode_s,
                      prefill, first_tokens, first_token_s)
+
+
+def _whole_spec(*columns: Sequence[Any]) -> list[Sequence[Any]]:
+    """The speculative columns, with every step that lacks one of its counts (vLLM renamed it) counting no drafts."""
+    _, drafts, draft_tokens, accepted, per_pos, _ = columns
+    if None not in drafts and None not in draft_tokens and None not in accepted and None not in per_pos:
+        return list(columns)
+    whole = [None not in row for row in zip(drafts, draft_tokens, accepted, per_pos, strict=True)]
+    return [[v if ok else default for v, ok in zip(column, whole, strict=True)]
+            for column, default in zip(columns, _NO_SPEC, strict=True)]
 
 
 _UNTIMED = (None, None, False, 0, None)
@@ -306,7 +340,8 @@ def finished_requests(iteration_stats: Any) -> list[Finished]:
             continue
         fields = dict(zip(_RECORD_FIELDS, values, strict=True))
         fields["finish_reason"] = _reason(reason)
-        fields["ttft_s"] = (fields["queued_s"] or 0.0) + (fields["prefill_s"] or 0.0)
+        queued, prefill = fields["queued_s"], fields["prefill_s"]
+        fields["ttft_s"] = None if queued is None or prefill is None else queued + prefill
         extra = getattr(f, HOOK_ATTRIBUTE, None)
         if extra is None:
             out.append(Finished(str(rid), fields))

@@ -204,7 +204,7 @@ def _once(targets: list[Target], args: argparse.Namespace, player: object | None
             player.step()
             for t in targets:
                 t.poll()
-                t.evaluate(args.window)
+                t.evaluate()
     else:
         run_once(targets)
     failed = [t for t in targets if t.error or t.snapshot is None]
@@ -224,13 +224,15 @@ def _once(targets: list[Target], args: argparse.Namespace, player: object | None
         for t in good:
             snap = t.windowed(args.window)
             assert snap is not None
-            alerts = t.evaluate(args.window)
+            alerts = t.evaluate()
             print(f"== {t.name}")
             print(summary(snap))
             if "requests" not in snap.unavailable and snap.requests:
                 print(request_table(snap.requests[-10:]))
             for a in alerts:
                 print(f"alert {a.state} {a.rule}: {a.summary}")
+            for where, n in t.rule_errors.items():
+                print(f"specscope error: {where} failed {n} time(s) (last: {t.last_rule_error})")
             for what in snap.unavailable:
                 print(f"n/a from this source: {what}")
     return 1 if failed else 0

@@ -162,7 +162,7 @@ class TopApp(App[None]):
         """Poll every target once (concurrently), evaluate alerts and record; safe on any thread."""
         list(self._pool.map(Target.poll, self.targets))
         for t in self.targets:
-            self.alerts[t.name] = t.evaluate(self.window_s)
+            self.alerts[t.name] = t.evaluate()
             if self.recorder is not None and t.snapshot is not None and not t.error:
                 self.recorder.write(t.name, t.snapshot)
 

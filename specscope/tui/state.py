@@ -17,7 +17,6 @@ from specscope.alerts.evaluate import Alert, Evaluator
 from specscope.alerts.rules import Thresholds
 from specscope.collectors.scrape import Source, SourceError, WindowedSource
 from specscope.diagnostics import with_baseline
-from specscope.hub import Hub
 from specscope.model import Snapshot, SpecCounts, StepProfile, StepTime, Totals
 
 #: History points kept per target (one per poll): 15 minutes at the default interval.
@@ -105,7 +104,14 @@ class Target:
         self.fetch_ms: float | None = None
         self.points: deque[Point] = deque(maxlen=history)
         self.polls = 0
-        self._evaluator = Evaluator(Hub(), thresholds=thresholds, clock=self._snapshot_time)
+        #: Failures of alert rules on this target's snapshots, by rule (shown on the screen, never raised).
+        self.rule_errors: dict[str, int] = {}
+        self.last_rule_error: str | None = None
+        self._evaluator = Evaluator(thresholds=thresholds, clock=self._snapshot_time, on_error=self._rule_failed)
+
+    def _rule_failed(self, where: str, exc: BaseException) -> None:
+        self.rule_errors[where] = self.rule_errors.get(where, 0) + 1
+        self.last_rule_error = f"{where}: {type(exc).__name__}: {exc}"
 
     def _snapshot_time(self) -> float:
         return self.snapshot.time if self.snapshot is not None else time.time()
@@ -160,9 +166,10 @@ class Target:
         return replace(snap, window=_since(snap.lifetime, start.lifetime, fresh), window_seconds=seconds,
                        engines=engines)
 
-    def evaluate(self, seconds: float) -> list[Alert]:
-        """Pending and firing alerts on the windowed snapshot."""
-        snap = self.windowed(seconds)
+    def evaluate(self) -> list[Alert]:
+        """Pending and firing alerts on the snapshot windowed as the thresholds say (their ``window_s``, the window
+        the Prometheus rules use), whatever window the screen shows."""
+        snap = self.windowed(self._evaluator.thresholds.window_s)
         if snap is not None:
             self._evaluator.evaluate(snap)
         return self._evaluator.active()

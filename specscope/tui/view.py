@@ -88,7 +88,21 @@ def header(targets: list[Target], current: Target, window_s: float, status: str,
     if len(targets) > 1 and not compact:
         down = sum(1 for x in targets if x.error)
         t.append(f" fleet {len(targets)}, {down} down")
+    problem = health_line(current)
+    if problem:
+        t.append(f"\n{problem}", style="bold red")
     return t
+
+
+def health_line(target: Target) -> str | None:
+    """specscope's own failures behind this target (the source's, counted in its snapshot's health, and the alert
+    rules' on it here), with the last one; None when there are none."""
+    snap = target.snapshot
+    errors = (snap.health.error_count if snap else 0) + sum(target.rule_errors.values())
+    if not errors:
+        return None
+    last = target.last_rule_error or (snap.health.last_error if snap else None)
+    return f"specscope errors {errors} (last: {last})"
 
 
 def spec_panel(snap: Snapshot | None, threshold: float, history: list[float] | None = None,
@@ -118,10 +132,13 @@ def spec_panel(snap: Snapshot | None, threshold: float, history: list[float] | N
     mal = w.mean_acceptance_length
     t.append(f"alpha {'n/a' if a is None else f'{a:.2f}'}  mean {'len' if compact else 'acceptance length'} "
              f"{'n/a' if mal is None else f'{mal:.2f}'} tok/step\n")
+    if _unavailable(snap, "spec_counts"):
+        t.append("speculative counts n/a: vLLM's stats lack them (see health)\n")
     win = snap.window
-    dr, ac = win.drafted_tokens_per_s, win.accepted_tokens_per_s
+    dr, ac = snap.known("spec_counts", win.drafted_tokens_per_s), snap.known("spec_counts", win.accepted_tokens_per_s)
+    gen = snap.known("generation_tokens", win.generation_tokens_per_s)
     t.append(f"drafted {'n/a' if dr is None else f'{dr:.0f}'}/s  accepted {'n/a' if ac is None else f'{ac:.0f}'}/s  "
-             f"generated {'n/a' if win.generation_tokens_per_s is None else f'{win.generation_tokens_per_s:.0f}'}/s\n")
+             f"generated {'n/a' if gen is None else f'{gen:.0f}'}/s\n")
     if compact:
         t.append("per pos " + " ".join(f"{100 * r:.0f}%" for r in w.per_position) + "\n")
     else:
@@ -173,8 +190,10 @@ def kv_panel(snap: Snapshot | None, history: list[float] | None = None) -> Text:
     else:
         t.append(f"tokens {_bar(kv.token_usage, 12)} {percent(kv.token_usage)}\n")
         t.append(f"fragmentation {percent(kv.fragmentation)}\n")
-    t.append(f"preemptions {snap.lifetime.preemptions} (window {snap.window.preemptions})\n"
-             f"prefix-cache hits {percent(snap.lifetime.prefix_cache_hit_rate)}\n")
+    preemptions = (f"{snap.lifetime.preemptions} (window {snap.window.preemptions})"
+                   if snap.known("preemptions", True) else "n/a")
+    t.append(f"preemptions {preemptions}\n"
+             f"prefix-cache hits {percent(snap.known('prefix_cache', snap.lifetime.prefix_cache_hit_rate))}\n")
     t.append(f"running {snap.running if snap.running is not None else 'n/a'}  "
              f"waiting {snap.waiting if snap.waiting is not None else 'n/a'}\n")
     return t

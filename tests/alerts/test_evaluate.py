@@ -209,3 +209,53 @@ def test_collapse_and_weak_draft_each_fire_on_their_own_fault(accepted_per_draft
     assert {a.rule for a in fired} == fires
     for alert in fired:  # the evidence is in the words
         assert "tokens/step" in alert.description or "%" in alert.description
+
+
+def test_the_in_process_rules_read_the_thresholds_window_as_the_promql_rules_do() -> None:
+    """One thresholds file, one window: a weak draft 40 s ago is in a 60 s window and out of a 10 s one, whatever
+    the hub's own window is."""
+    clock = Clock()
+    hub = Hub(window_s=60, clock=clock)
+    hub.set_engine(EngineInfo(model="m", draft_model="d", method="draft_model", num_speculative_tokens=4))
+    drafting(hub, accepted_per_draft=1)  # weak: 60 of 240
+    clock.t += 40
+    drafting(hub, accepted_per_draft=2, drafts=10)  # fine since: 20 of 40 (60 s: 80 of 280, weak)
+    rule = [BY_RULE["SpecscopeWeakDraft"]]
+    short = Evaluator(hub, rules=rule, thresholds=Thresholds(window_s=10, weak_draft_min_draft_tokens=10),
+                      clock=clock)
+    long = Evaluator(hub, rules=rule, thresholds=Thresholds(window_s=60, weak_draft_min_draft_tokens=10),
+                     clock=clock)
+    short.evaluate()
+    long.evaluate()
+    assert short.active() == []
+    assert [a.rule for a in long.active()] == ["SpecscopeWeakDraft"]
+    assert hub.snapshot().window_seconds == 60  # the hub's own window is left as it is
+
+
+def test_a_failing_rule_is_counted_where_the_dashboard_shows_it() -> None:
+    """``specscope top`` evaluates on fetched snapshots: a rule that raises is counted on the target and shown in
+    its header, not lost in a throwaway hub."""
+    from dataclasses import replace
+
+    from specscope.collectors.scrape import HubSource
+    from specscope.tui import view
+    from specscope.tui.state import Target
+
+    _, hub, _, _ = setup()
+    drafting(hub, 1)
+    target = Target(HubSource(hub, "t"))
+
+    def boom(snap: Any, t: Any) -> bool:
+        raise ZeroDivisionError("rule bug")
+
+    target._evaluator.rules = (replace(BY_RULE["SpecscopeWeakDraft"], firing=boom),)
+    target.poll()
+    target.evaluate()
+    assert target.rule_errors == {"alert rule SpecscopeWeakDraft": 1}
+    header = view.header([target], target, 60, "").plain
+    assert "specscope errors 1" in header and "rule bug" in header
+
+
+def test_an_evaluator_without_a_hub_needs_somewhere_to_count_errors() -> None:
+    with pytest.raises(ValueError, match="error sink"):
+        Evaluator()

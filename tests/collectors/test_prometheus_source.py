@@ -240,7 +240,7 @@ def test_a_specscope_endpoint_is_a_replica_with_what_only_specscope_knows(tmp_pa
         assert got.window.spec is not None and got.window.spec.drafts == 0  # nothing drafted since: a still hub
         target = Target(sources["specscope"])
         target.poll()
-        assert "SpecscopeTokenizerWarning" in {a.rule for a in target.evaluate(60) if a.state == "firing"}
+        assert "SpecscopeTokenizerWarning" in {a.rule for a in target.evaluate() if a.state == "firing"}
         assert sources["vllm"].fetch().tokenizer is None  # vLLM's own series know nothing of it
     finally:
         proc.terminate()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -222,17 +223,28 @@ def drifted(obj: object, drop: str, rename_to: str | None = None) -> object:
     return type(type(obj).__name__, (), fields)()
 
 
+#: A step's speculative counts go together: one of them renamed leaves the step without drafts, not with drafts of
+#: which nothing was accepted.
+SPEC_COUNTS = ("num_spec_tokens", "drafts", "draft_tokens", "accepted", "accepted_per_pos", "draft_tokens_per_pos")
+
+
 @pytest.mark.parametrize(("which", "field", "lost"), [
-    ("scheduler", "kv_cache_usage", "kv_usage"),
-    ("scheduler", "num_running_reqs", "running"),
-    ("spec", "num_draft_tokens_per_pos", "draft_tokens_per_pos"),
-    ("spec", "num_accepted_tokens", "accepted"),
-    ("iteration", "num_generation_tokens", "generation_tokens"),
+    ("scheduler", "kv_cache_usage", ("kv_usage",)),
+    ("scheduler", "num_running_reqs", ("running",)),
+    ("spec", "num_draft_tokens_per_pos", ("draft_tokens_per_pos",)),
+    ("spec", "num_accepted_tokens", SPEC_COUNTS),
+    ("spec", "num_drafts", SPEC_COUNTS),
+    ("spec", "num_accepted_tokens_per_pos", SPEC_COUNTS),
+    ("iteration", "num_generation_tokens", ("generation_tokens",)),
 ])
-def test_a_renamed_field_costs_that_number_not_the_step(which: str, field: str, lost: str, caplog: Any) -> None:
+def test_a_renamed_field_costs_that_number_not_the_step(which: str, field: str, lost: tuple[str, ...],
+                                                        caplog: Any) -> None:
     """vLLM documents its stats as unstable: a field it renames is named once in the log and counted in the
-    snapshot's health, its number is unavailable, and everything else of the step is recorded."""
+    snapshot's health, its number is unavailable, and everything else of the step is recorded. A speculative count
+    renamed leaves acceptance unavailable (None): never 0.0, which would page on a healthy engine."""
     import logging
+
+    from specscope.alerts.evaluate import Evaluator
 
     sched, it = make_stats()
     whole = read_step(*make_stats())
@@ -248,9 +260,15 @@ def test_a_renamed_field_costs_that_number_not_the_step(which: str, field: str, 
     assert missing == [f"{owner}.{field}"]
     for name in ("running", "kv_usage", "drafts", "draft_tokens", "accepted", "generation_tokens", "finished",
                  "prefix_cache_hits"):
-        if name != lost:
+        if name not in lost:
             assert getattr(s, name) == getattr(whole, name), name
-    assert getattr(s, lost) in (None, 0, ())  # unavailable, not invented
+    # Unavailable, not invented: a gauge reads None; a count adds nothing and the snapshot names it unavailable;
+    # the speculative counts go together (no drafts rather than drafts with nothing accepted).
+    named = vllm_reader.unavailable(missing)
+    for name in lost:
+        assert getattr(s, name) in (None, ()) or (getattr(s, name) == 0 and named), name
+    assert named == ({"spec_counts"} if lost == SPEC_COUNTS else {"generation_tokens"} if which == "iteration"
+                     else set())
 
     hub = Hub()
 
@@ -272,6 +290,12 @@ def test_a_renamed_field_costs_that_number_not_the_step(which: str, field: str, 
     assert dict(snap.health.errors) == {f"vllm field {owner}.{field}": 3}
     assert len([r for r in caplog.records if field in r.getMessage()]) == 1
     assert snap.lifetime.steps == 3 and snap.lifetime.requests == 3  # no step was dropped
+    assert set(snap.unavailable) == named
+    if lost == SPEC_COUNTS:
+        hub.set_engine(replace(hub.engine, num_speculative_tokens=4, method="draft_model"))
+        snap = hub.snapshot()
+        assert snap.window.spec is not None and snap.window.spec.acceptance_rate is None
+        assert Evaluator(hub).evaluate(snap) == [] and Evaluator(hub).active() == []
 
 
 def test_versions_outside_the_checked_range_get_one_warning() -> None:
@@ -289,3 +313,40 @@ def test_the_supported_range_is_declared_once_in_the_package_metadata() -> None:
     meta = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
     (line,) = [x for x in meta.splitlines() if x.startswith("vllm = [")]
     assert line.startswith(f'vllm = ["vllm{vllm_reader.SUPPORTED_VLLM}"]')
+
+
+def test_the_output_processor_hook_is_put_back_by_the_last_who_asked_for_it(monkeypatch: Any) -> None:
+    """``uninstrument()`` undoes ``instrument()``: the hook counts who asked for it, and the last to let go puts
+    vLLM's own methods back (while the stat-logger plugin, which never lets go, keeps it)."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.engine.llm_engine import LLMEngine
+    from vllm.v1.engine.output_processor import OutputProcessor
+
+    from specscope.collectors import vllm_hook
+
+    for name, fresh in (("_installed", None), ("_holders", 0), ("_replaced", [])):
+        monkeypatch.setattr(vllm_hook, name, fresh)  # as in a process where nothing installed it yet
+    methods = [(OutputProcessor, "_update_stats_from_finished"), (OutputProcessor, "do_tracing"),
+               (AsyncLLM, "add_request"), (LLMEngine, "add_request")]
+    before = [getattr(owner, name) for owner, name in methods]
+    for owner, name in methods:
+        monkeypatch.setattr(owner, name, getattr(owner, name))  # restored after the test, whatever happens
+    assert vllm_hook.install() and vllm_hook.install()  # an instrumentor, then the plugin
+    assert all(getattr(owner, name) is not b for (owner, name), b in zip(methods, before, strict=True))
+    vllm_hook.uninstall()
+    assert vllm_hook.installed()  # one still holds it
+    vllm_hook.uninstall()
+    assert not vllm_hook.installed()
+    assert [getattr(owner, name) for owner, name in methods] == before
+
+
+def test_an_unknown_queue_or_prefill_time_gives_no_time_to_first_token() -> None:
+    """Without the hook the engine-side TTFT is queued + prefill: one of them missing leaves it None, not a 0 s
+    first token in the TTFT histogram."""
+    _, it = make_stats()
+    it.finished_requests[0] = drifted(it.finished_requests[0], "queued_time")
+    (fin,) = vllm_reader.finished_requests(it)
+    assert fin.fields["ttft_s"] is None and fin.fields["prefill_s"] == 0.2
+    _, it = make_stats()
+    (fin,) = vllm_reader.finished_requests(it)
+    assert fin.fields["ttft_s"] == pytest.approx(0.3)
