@@ -25,7 +25,8 @@ measured (K = 0, speculation off, included). Pairs: the deep family (f = 0.01 an
 CPU) and the tiny family's copy and 10%-noise drafts (same-size drafts: c ≈ 1).
 
 Run: python benchmarks/bench_truth.py [--pairs deep01,deep03,copy,noise10] [--rounds 3]
-Results: benchmarks/results/truth.json (and truth.md, the table).
+Results: benchmarks/results/truth_<pair>.json (and .md) for each pair as it is measured, then truth.json (and
+truth.md, the table) joining this run's pairs; ``--merge FILE...`` joins saved runs' files into truth.json.
 """
 
 from __future__ import annotations
@@ -317,34 +318,37 @@ def main() -> None:
     parser.add_argument("--merge", nargs="+", metavar="JSON", help="join earlier runs' results into truth.json")
     args = parser.parse_args()
     if args.merge:
-        merged = merge_results(args.merge)
-        md = table(merged["pairs"])
-        (RESULTS / "truth.md").write_text(md)
-        print(md)
-        write("truth", {"workload": merged["workload"], "goal": GOAL, "summary": summarize(merged["pairs"]),
-                        "pairs": merged["pairs"], "minutes": merged["minutes"], "merged_from": merged["merged_from"]})
+        main_merge(args.merge)
         return
     from specscope import tiny_models
 
     models = tiny_models.build()
-    t0 = time.monotonic()
-    pairs = {name: run_pair(name, models, args.rounds, tuple(int(k) for k in args.ks.split(",")))
-             for name in args.pairs.split(",")}
-    md = table(pairs)
+    ks = tuple(int(k) for k in args.ks.split(","))
+    workload = (f"greedy, {TOKENS} output tokens a request, batch sizes {BATCHES} held full for {WINDOW_S:g} s "
+                f"(each finished request replaced), K {ks}, prefix caching off; {args.rounds} rounds, each: "
+                "throughput measured (plain and speculative alternating), then a prediction run (the plain "
+                "target calibrated as specscope calibrate does, the speculative engine run again into a hub of "
+                "its own)")
     RESULTS.mkdir(exist_ok=True)
+    files = []
+    for name in args.pairs.split(","):  # each pair's result saved as soon as it is measured: truth_<pair>.json
+        t0 = time.monotonic()
+        pair = {name: run_pair(name, models, args.rounds, ks)}
+        (RESULTS / f"truth_{name}.md").write_text(table(pair))
+        write(f"truth_{name}", {"workload": workload, "goal": GOAL, "summary": summarize(pair), "pairs": pair,
+                                "minutes": round((time.monotonic() - t0) / 60, 1)})
+        files.append(str(RESULTS / f"truth_{name}.json"))
+    main_merge(files)
+
+
+def main_merge(paths: list[str]) -> None:
+    """truth.json and truth.md from the runs' files."""
+    merged = merge_results(paths)
+    md = table(merged["pairs"])
     (RESULTS / "truth.md").write_text(md)
     print(md)
-    write("truth", {
-        "workload": f"greedy, {TOKENS} output tokens a request, batch sizes {BATCHES} held full for {WINDOW_S:g} s "
-                    f"(each finished request replaced), K {KS}, prefix caching off; {args.rounds} rounds, each: "
-                    "throughput measured (plain and speculative alternating), then a prediction run (the plain "
-                    "target calibrated as specscope calibrate does, the speculative engine run again into a hub of "
-                    "its own)",
-        "goal": GOAL,
-        "summary": summarize(pairs),
-        "pairs": pairs,
-        "minutes": round((time.monotonic() - t0) / 60, 1),
-    })
+    write("truth", {"workload": merged["workload"], "goal": GOAL, "summary": summarize(merged["pairs"]),
+                    "pairs": merged["pairs"], "minutes": merged["minutes"], "merged_from": merged["merged_from"]})
 
 
 if __name__ == "__main__":

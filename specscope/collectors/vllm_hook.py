@@ -20,6 +20,7 @@ import functools
 import importlib
 import inspect
 import logging
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -55,6 +56,11 @@ def install() -> bool:
         _holders += 1
         if _installed is not None:
             return _installed
+        if os.environ.get("SPECSCOPE_HOOK", "on").strip().lower() in ("off", "0", "false", "no"):
+            log.warning("specscope: SPECSCOPE_HOOK=off: per-request speculative numbers come from the engine's "
+                        "outputs or the server's responses (n > 1 samples and multi-prompt requests go without)")
+            _installed = False
+            return False
         _installed = _install()
         if not _installed:
             log.info("specscope: vLLM's output processor has no _update_stats_from_finished; per-request "
