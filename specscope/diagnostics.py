@@ -21,6 +21,7 @@ Each estimate says which.
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -337,8 +338,10 @@ def k_schedule(snap: Snapshot, max_batch: int | None = None) -> list[tuple[int, 
     """vLLM's ``num_speculative_tokens_per_batch_size``: (first batch, last batch, K) ranges from 1 to
     ``max_batch`` (default: the engine's max_num_seqs, else the largest batch measured).
 
-    Between measured batch sizes step times are interpolated; beyond the largest, its K carries on (as vLLM does
-    for batch sizes past the last range). Empty without measured estimates.
+    Between measured batch sizes step times are interpolated, and the best K there is kept between the two
+    measured sizes' K and moves one way from the first to the second (:func:`monotone_between`), so noise in the
+    interpolation never makes K zig-zag; beyond the largest, its K carries on (as vLLM does for batch sizes past
+    the last range). Empty without measured estimates.
     """
     table = k_table(snap)
     if not table:
@@ -353,12 +356,26 @@ def k_schedule(snap: Snapshot, max_batch: int | None = None) -> list[tuple[int, 
             continue
         est = estimate(snap, batch_size=b)
         ks.append(est.best_k if est is not None and est.measured else (ks[-1] if ks else table[0].k))
+    ks = monotone_between(ks, [(c.batch_size, c.k) for c in table])
     out: list[tuple[int, int, int]] = []
     for b, k in enumerate(ks, start=1):
         if out and out[-1][2] == k:
             out[-1] = (out[-1][0], b, k)
         else:
             out.append((b, b, k))
+    return out
+
+
+def monotone_between(ks: list[int], measured: list[tuple[int, int]]) -> list[int]:
+    """``ks`` (the best K at batch 1, 2, ...) with each stretch between two measured batch sizes ``(batch, K)``
+    held between their K and moving only from the first's toward the second's."""
+    out = list(ks)
+    for (b0, k0), (b1, k1) in itertools.pairwise(measured):
+        lo, hi = min(k0, k1), max(k0, k1)
+        prev = k0
+        for b in range(b0 + 1, min(b1, len(out) + 1)):
+            k = min(hi, max(lo, out[b - 1]))
+            prev = out[b - 1] = min(k, prev) if k1 <= k0 else max(k, prev)
     return out
 
 

@@ -338,3 +338,15 @@ def test_a_prefill_share_never_timed_is_unknown_not_zero(tmp_path: Path) -> None
     steps(hub, clock, 1, 0.008, 30, accepted=3, prefill_s=0.004)
     timed = estimate(hub.snapshot(), batch_size=1)
     assert timed is not None and timed.prefill_share is not None and timed.prefill_share > 0
+
+
+def test_the_k_schedule_moves_one_way_between_measured_batch_sizes() -> None:
+    """The schedule a newcomer saw, [[1, 2, 4], [3, 3, 3], [4, 4, 4], [5, 7, 3], [8, 13, 2], [14, 15, 1], [16, 16, 2]]
+    (measured at 1, 4 and 16): between 1 and 4 K stays 4; between 4 and 16 it only falls, never below 2."""
+    from specscope.diagnostics import monotone_between
+
+    zigzag = [4, 4, 3, 4, 3, 3, 3, 2, 2, 2, 2, 2, 2, 1, 1, 2]
+    assert monotone_between(zigzag, [(1, 4), (4, 4), (16, 2)]) == [4, 4, 4, 4, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 2]
+    rising = [1, 3, 2, 2, 4]
+    assert monotone_between(rising, [(1, 1), (5, 4)]) == [1, 3, 3, 3, 4]
+    assert monotone_between([4, 4], [(1, 4)]) == [4, 4]  # one measured size: nothing between
