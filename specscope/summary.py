@@ -23,7 +23,7 @@ def summary(snap: Snapshot) -> str:
     """Engine, speculative decoding (window and lifetime), KV cache and GPU memory, one topic a line."""
     e = snap.engine
     lines = [
-        f"engine   {e.server} {e.engine_version or ''}  model {e.model}",
+        f"engine   {e.server} {e.engine_version or ''}  model {e.model or 'n/a'}",
         f"spec     method {e.method or 'none'}  draft {e.draft_model or '-'}  K {e.num_speculative_tokens or '-'}",
     ]
     for label, t in (("window", snap.window), ("lifetime", snap.lifetime)):
@@ -45,10 +45,13 @@ def summary(snap: Snapshot) -> str:
         overlap = "" if tok.overlap is None else f" (vocabulary overlap {tok.overlap:.0%})"
         lines.append(f"tokenizer {tok.verdict}{overlap}" + "".join(f"; {r}" for r in tok.reasons))
     kv = snap.kv
+    blocks = ("n/a" if kv.block_usage is None else percent(kv.block_usage) if kv.blocks_used is None
+              else f"{percent(kv.block_usage)} ({kv.blocks_used} of {kv.block_size}-token blocks)")
+    preemptions = snap.known("preemptions", snap.lifetime.preemptions)
     lines.append(
-        f"kv cache blocks {percent(kv.block_usage)} ({kv.blocks_used} of {kv.block_size}-token blocks)"
-        f"  tokens {percent(kv.token_usage)}  fragmentation {percent(kv.fragmentation)}"
-        f"  preemptions {snap.lifetime.preemptions}  prefix-cache hits {percent(snap.lifetime.prefix_cache_hit_rate)}"
+        f"kv cache blocks {blocks}  tokens {percent(kv.token_usage)}  fragmentation {percent(kv.fragmentation)}"
+        f"  preemptions {'n/a' if preemptions is None else preemptions}"
+        f"  prefix-cache hits {percent(snap.known('prefix_cache', snap.lifetime.prefix_cache_hit_rate))}"
     )
     if kv.not_estimable:
         lines.append(f"         tokens and fragmentation {kv.not_estimable}")

@@ -388,3 +388,11 @@ def test_an_over_counting_token_estimate_shows_instead_of_being_clamped() -> Non
     assert kv.token_usage == pytest.approx(0.75)
     assert kv.fragmentation == pytest.approx(-0.5)
     assert KVCache(block_size=16, num_blocks=11, block_usage=1.0, tokens_held=200).token_usage == pytest.approx(1.25)
+
+
+def test_the_summary_of_an_engine_without_kv_data_says_n_a_once() -> None:
+    """An engine that reported no KV numbers: "n/a", never "None of None-token blocks"."""
+    from specscope.summary import summary
+
+    text = summary(Hub().snapshot())
+    assert "kv cache blocks n/a  tokens n/a" in text and "None" not in text
