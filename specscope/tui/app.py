@@ -11,6 +11,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
+from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
@@ -254,23 +255,24 @@ class TopApp(App[None]):
             self.query_one("#fleet", LineTable).set_records(rows)
 
     def _draw_requests(self, snap: Any) -> None:
-        title = self.query_one("#requests-title", Static)
         table = self.query_one("#requests", RequestTable)
         if snap is None:
-            title.update("REQUESTS")
+            self._update("#requests-title", Text("REQUESTS"))
             return
         if "requests" in snap.unavailable:
-            title.update("REQUESTS: per-request rows are n/a from a /metrics page (use a specscope endpoint)")
+            self._update("#requests-title",
+                         Text("REQUESTS: per-request rows are n/a from a /metrics page (use a specscope endpoint)"))
         else:
             label = view.COLUMNS[self.sort][0]
-            title.update(f"REQUESTS ({len(snap.requests)} recent) by {label}{' reversed' if self.reverse else ''}"
-                         "  keys: s sort  S reverse  a worst  / filter")
+            self._update("#requests-title", Text(
+                f"REQUESTS ({len(snap.requests)} recent) by {label}{' reversed' if self.reverse else ''}"
+                "  keys: s sort  S reverse  a worst  / filter"))
         last = snap.requests[-1].seq if snap.requests else None
         key = (self.current.name, len(snap.requests), last, self.sort, self.reverse, self.filter_text)
         if key == self._rows_key:
             return  # nothing new: leave the table (and its cursor) alone
         self._rows_key = key
-        self.query_one("#requests-header", Static).update(view.header_text(self.sort, self.reverse))
+        self._update("#requests-header", Text(view.header_text(self.sort, self.reverse)))
         table.set_records(view.select_requests(snap.requests, self.sort, self.reverse, self.filter_text))
 
     # ----------------------------------------------------------------- actions
