@@ -2,27 +2,39 @@
 
 Each API-server process loads the stat-logger plugin and records only its share of the steps and requests. With a
 :class:`ProcessShare` attached, every process publishes its own snapshot to a directory the server's processes
-share (``SPECSCOPE_SHARE_DIR``, by default a private directory named after their common parent process) once a
-``interval_s``, reads the others' in the same background thread, and its hub's :meth:`~specscope.hub.Hub.snapshot`
-is the merge of all (:func:`specscope.merge.merge`): the same whole-server numbers from whichever process a load
-balancer reaches. Exports that must happen once per server (the Prometheus port, OTLP, alert notifications) go to
-the process that holds the role's lock (:meth:`ProcessShare.lead`). What cannot be done: numbers recorded in the
-last ``interval_s`` by another process show up one interval late, and roles do not move if their process dies
-(vLLM restarts its API servers together).
+share (``SPECSCOPE_SHARE_DIR``, by default ``specscope-<uid>-<parent pid>`` under ``$XDG_RUNTIME_DIR``, else the
+temp directory) once a ``interval_s``, reads the others' in the same background thread, and its hub's
+:meth:`~specscope.hub.Hub.snapshot` is the merge of all (:func:`specscope.merge.merge`): the same whole-server
+numbers from whichever process a load balancer reaches. Exports that must happen once per server (the Prometheus
+port, OTLP, alert notifications) go to the process that holds the role's lock (:meth:`ProcessShare.lead`). What
+cannot be done: numbers recorded in the last ``interval_s`` by another process show up one interval late, and
+roles do not move if their process dies (vLLM restarts its API servers together).
+
+Security: the directory must be ours (owner our euid, no group/other permission bits, not a symlink). A default
+directory that is not (another user made it first) is passed over for ``<name>.1``, ``.2``, ``.3``, which the
+server's other processes reach the same way; a chosen one (``SPECSCOPE_SHARE_DIR``, the ``directory`` argument)
+is refused with :class:`PermissionError` (no sharing). Files are written through a fresh ``O_EXCL|O_NOFOLLOW``
+temp file and an atomic rename; only regular files named ``<rank>.json`` that we own and nobody else can access
+are read, without following symlinks; a lock file that is not ours is replaced, never honoured. Each refused or
+unreadable file is counted once per version in the hub's health (``process share``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import json
 import logging
 import os
+import re
+import secrets
+import stat
 import tempfile
 import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import IO
 
 from specscope.model import Snapshot, encode
 
@@ -32,25 +44,89 @@ log = logging.getLogger("specscope")
 PUBLISHED_REQUESTS = 200
 #: A process's file older than this is someone gone: its counts stay, its gauges are not fresh anyway.
 STALE_S = 30.0
+#: Other names tried when the default directory is not ours.
+FALLBACKS = 3
+
+_PEER = re.compile(r"(0|[1-9][0-9]{0,5})\.json")
+_OPEN = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def default_directory() -> Path:
-    """``SPECSCOPE_SHARE_DIR``, else a directory named after the parent process (the ``vllm serve`` process)."""
+    """``SPECSCOPE_SHARE_DIR``, else ``specscope-<uid>-<parent pid>`` (the ``vllm serve`` process) under
+    ``$XDG_RUNTIME_DIR`` where it is a directory of ours that others cannot write, else under the temp directory."""
     chosen = os.environ.get("SPECSCOPE_SHARE_DIR")
-    return Path(chosen) if chosen else Path(tempfile.gettempdir()) / f"specscope-{os.getuid()}-{os.getppid()}"
+    if chosen:
+        return Path(chosen)
+    root = Path(tempfile.gettempdir())
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isabs(runtime):
+        with contextlib.suppress(OSError):
+            st = os.stat(runtime)
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022:
+                root = Path(runtime)
+    return root / f"specscope-{os.geteuid()}-{os.getppid()}"
+
+
+def _refusal(st: os.stat_result, directory: bool = False) -> str | None:
+    """Why a file (or directory) with this ``lstat``/``fstat`` is not private to us; None if it is."""
+    if not (stat.S_ISDIR if directory else stat.S_ISREG)(st.st_mode):
+        return "not a directory" if directory else "not a regular file"
+    if st.st_uid != os.geteuid():
+        return f"owned by uid {st.st_uid}, not {os.geteuid()}"
+    if st.st_mode & 0o077:
+        return f"mode {stat.S_IMODE(st.st_mode):o} lets others in"
+    return None
+
+
+def private_directory(path: Path) -> Path:
+    """``path``, created 0700 if absent; PermissionError if it is not a private directory of ours."""
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700, parents=True)
+    why = _refusal(os.lstat(path), directory=True)
+    if why:
+        raise PermissionError(f"share directory {path}: {why}; refused")
+    return path
+
+
+def _open_private(path: Path, flags: int) -> int:
+    """A descriptor of ``path`` (never through a symlink) if it is a regular file of ours; else PermissionError."""
+    try:
+        fd = os.open(path, flags | _OPEN, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise PermissionError(f"{path}: a symlink; refused") from None
+        raise
+    why = _refusal(os.fstat(fd))
+    if why:
+        os.close(fd)
+        raise PermissionError(f"{path}: {why}; refused")
+    return fd
 
 
 class ProcessShare:
-    """Publishes this process's snapshot and collects the other processes' (see the module docstring)."""
+    """Publishes this process's snapshot and collects the other processes' (see the module docstring).
 
-    def __init__(self, local: object, rank: int, directory: Path | None = None, interval_s: float = 1.0) -> None:
-        self.directory = directory or default_directory()
-        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.rank = rank
+    ``processes``: the server's number of API-server processes, if known (files of other ranks are refused)."""
+
+    def __init__(self, local: object, rank: int, directory: Path | None = None, interval_s: float = 1.0,
+                 processes: int | None = None) -> None:
         self._local = local  # the hub, read through its local_snapshot()
+        base = directory or default_directory()
+        fallbacks = FALLBACKS if directory is None and not os.environ.get("SPECSCOPE_SHARE_DIR") else 0
+        for n in range(fallbacks + 1):
+            try:
+                self.directory = private_directory(base.with_name(f"{base.name}.{n}") if n else base)
+                break
+            except PermissionError as exc:
+                if n == fallbacks:
+                    raise
+                self._count(exc)  # logged the first time, shown in health
+        self.rank = rank
+        self._processes = processes
         self._interval = interval_s
         self._others: list[Snapshot] = []
-        self._locks: dict[str, IO[str]] = {}
+        self._bad: dict[str, tuple[int, int, int]] = {}  # refused files, counted once per version
+        self._locks: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="specscope-share", daemon=True)
         self._thread.start()
@@ -63,24 +139,44 @@ class ProcessShare:
         """Whether this process holds ``role`` (a lock in the shared directory, held until the process ends)."""
         if role in self._locks:
             return True
-        f = open(self.directory / f"{role}.lock", "w")  # noqa: SIM115  (held open: the lock lives with it)
+        path = self.directory / f"{role}.lock"
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            f.close()
+            dfd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | _OPEN)
+            try:
+                fcntl.flock(dfd, fcntl.LOCK_EX)  # one process at a time checks (and replaces) the lock file
+                try:
+                    fd = _open_private(path, os.O_RDWR | os.O_CREAT)
+                except PermissionError as exc:  # planted: never honoured, replaced by ours
+                    self._count(exc)
+                    os.unlink(path)
+                    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _OPEN, 0o600)
+            finally:
+                os.close(dfd)
+        except OSError as exc:
+            self._count(exc)
             return False
-        f.write(str(os.getpid()))
-        f.flush()
-        self._locks[role] = f
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._locks[role] = fd
         return True
 
     def close(self) -> None:
         """Stop publishing; release the roles."""
         self._stop.set()
         self._thread.join(5)
-        for f in self._locks.values():
-            f.close()
+        for fd in self._locks.values():
+            os.close(fd)
         self._locks.clear()
+
+    def _count(self, exc: BaseException) -> None:
+        count = getattr(self._local, "count_error", None)
+        if count is not None:
+            count("process share", exc)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
@@ -88,29 +184,56 @@ class ProcessShare:
                 self._publish()
                 self._read()
             except Exception as exc:  # a full disk, a vanished directory: counted, never raised
-                count = getattr(self._local, "count_error", None)
-                if count is not None:
-                    count("process share", exc)
+                self._count(exc)
 
     def _publish(self) -> None:
         snap: Snapshot = self._local.local_snapshot()  # type: ignore[attr-defined]
-        snap = replace(snap, requests=snap.requests[-PUBLISHED_REQUESTS:])
-        path = self.directory / f"{self.rank}.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(b"".join(encode(snap)))
-        os.replace(tmp, path)
+        data = b"".join(encode(replace(snap, requests=snap.requests[-PUBLISHED_REQUESTS:])))
+        tmp = self.directory / f".{self.rank}.{secrets.token_hex(8)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, self.directory / f"{self.rank}.json")  # replaces a symlink there, never its target
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def _load(self, name: str) -> Snapshot:
+        path = self.directory / name
+        match = _PEER.fullmatch(name)
+        if not match:
+            raise PermissionError(f"{path}: not named <rank>.json; refused")
+        if self._processes is not None and int(match[1]) >= self._processes:
+            raise PermissionError(f"{path}: rank beyond the server's {self._processes} processes; refused")
+        with os.fdopen(_open_private(path, os.O_RDONLY), "rb") as f:
+            data = f.read()
+        try:
+            return Snapshot.from_dict(json.loads(data))
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None
 
     def _read(self) -> None:
-        others = []
+        others, bad = [], {}
         now = time.time()
-        for path in self.directory.glob("*.json"):
-            if path.stem == str(self.rank):
+        for entry in os.scandir(self.directory):
+            if not entry.name.endswith(".json") or entry.name == f"{self.rank}.json":
                 continue
             try:
-                snap = Snapshot.from_dict(json.loads(path.read_text()))
-            except (OSError, ValueError):
-                continue  # being replaced, or not ours
+                snap = self._load(entry.name)
+            except FileNotFoundError:
+                continue  # gone since the listing
+            except Exception as exc:  # refused or unreadable: counted once per version of the file
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                bad[entry.name] = version = (st.st_ino, st.st_mtime_ns, st.st_size)
+                if self._bad.get(entry.name) != version:
+                    self._count(exc)
+                continue
             if now - snap.time > STALE_S:  # gone: keep its counts, not its gauges
                 snap = replace(snap, engines=tuple(replace(e, updated_at=0.0) for e in snap.engines))
             others.append(snap)
+        self._bad = bad
         self._others = others
