@@ -214,7 +214,8 @@ def _share_once(hub: Hub, vllm_config: Any) -> None:
     from specscope.share import ProcessShare
 
     try:
-        _share = ProcessShare(hub, max(0, int(getattr(par, "_api_process_rank", 0) or 0)))
+        _share = ProcessShare(hub, max(0, int(getattr(par, "_api_process_rank", 0) or 0)),
+                              processes=count if count > 1 else None)
     except OSError as exc:
         hub.count_error("process share", exc)
         return
