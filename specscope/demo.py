@@ -250,6 +250,35 @@ def _cache() -> Path:
 
 
 def _headless(record: str | None) -> int:
+    """The scenarios without the screen: specscope's lines on stdout; vLLM's, torch's and the engine processes'
+    logs go to a file, named at the end (and its last lines shown if the demo fails)."""
+    log_path = _cache() / "demo.log"
+    out = os.fdopen(os.dup(1), "w", buffering=1)  # specscope's own lines
+    saved = os.dup(1), os.dup(2)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with open(log_path, "w") as log:  # fds 1 and 2, so that the engine processes, spawned later, write there too
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+    try:
+        code = _run_headless(record, lambda line: print(line, file=out, flush=True))
+    except Exception as exc:
+        tail = log_path.read_text(errors="replace").splitlines()[-30:]
+        print("\n".join([*tail, f"specscope: error: the demo stopped: {type(exc).__name__}: {exc}",
+                         f"engine log: {log_path}"]), file=out, flush=True)
+        code = 1
+    else:
+        print(f"engine log: {log_path}", file=out, flush=True)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        out.close()
+    return code
+
+
+def _run_headless(record: str | None, say: Callable[[str], None]) -> int:
     from specscope.summary import summary
     from specscope.tui.record import Recorder
 
@@ -265,9 +294,9 @@ def _headless(record: str | None) -> int:
             for a in t.evaluate():
                 if a.state == "firing" and a.rule not in fired.setdefault(name, set()):
                     fired[name].add(a.rule)
-                    print(f"  ALERT {a.rule} on '{name}': {a.summary}", flush=True)
+                    say(f"  ALERT {a.rule} on '{name}': {a.summary}")
 
-    demo = Demo(lambda msg: print(msg, flush=True), lambda name: None)
+    demo = Demo(say, lambda name: None)
     targets.update((name, Target(HubSource(hub, name), DEMO_THRESHOLDS)) for name, hub in demo.hubs.items())
     done = threading.Event()
 
@@ -278,21 +307,23 @@ def _headless(record: str | None) -> int:
     thread = threading.Thread(target=poller, daemon=True)
     thread.start()
     t0 = time.monotonic()
-    demo.run()
-    done.set()
-    thread.join()
+    try:
+        demo.run()
+    finally:
+        done.set()
+        thread.join()
     poll(demo)
     if recorder is not None:
         recorder.close()
     for name, t in targets.items():
         snap = t.windowed(1e9)  # the whole run
-        print(f"\n== {name}")
+        say(f"\n== {name}")
         if snap is not None:
-            print(summary(snap))
-        print("alerts fired: " + (", ".join(sorted(fired.get(name, ()))) or "none"))
+            say(summary(snap))
+        say("alerts fired: " + (", ".join(sorted(fired.get(name, ()))) or "none"))
     for batch, ratio in demo.measured.items():
-        print(f"measured speedup of the good draft at batch {batch}: {ratio:.2f}x")
-    print(f"\ndemo finished in {time.monotonic() - t0:.0f} s")
+        say(f"measured speedup of the good draft at batch {batch}: {ratio:.2f}x")
+    say(f"\ndemo finished in {time.monotonic() - t0:.0f} s")
     return 0
 
 
