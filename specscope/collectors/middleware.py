@@ -1,10 +1,14 @@
 """ASGI middleware for ``vllm serve --middleware specscope.collectors.middleware.SpecscopeMiddleware``.
 
 It serves the process's hub as JSON at ``GET /specscope/snapshot`` on the server's own port, behind the server's
-``--api-key`` (vLLM's own check guards only ``/v1/...``, and a ``--middleware`` runs before it), and never holds
-vLLM's event loop: ``?since=N`` returns only the request records that became final after ``N`` (the
-``final_seq`` a poller has seen; ``specscope top --url`` asks for it), and records are encoded a few at a time,
-the loop running between pieces. ``SPECSCOPE_SNAPSHOT=off`` turns the endpoint off.
+``--api-key`` (vLLM's own check guards only ``/v1/...``, and a ``--middleware`` runs before it), and holds vLLM's
+event loop only in short turns: the snapshot's assembly (the steps the stat logger kept are added, other
+API-server processes' snapshots merged) is one, the head's encoding another, and ``?since=N`` returns only the
+request records that became final after ``N`` (the ``final_seq`` a poller has seen; ``specscope top --url`` asks
+for it), encoded a few at a time with the loop running between pieces. The assembly stays on the loop: a thread
+would still hold the GIL, which Python hands back to a waiting loop only when the thread is done or after its
+switch interval (5 ms), and there it held the loop longer (``benchmarks/bench_middleware.py``).
+``SPECSCOPE_SNAPSHOT=off`` turns the endpoint off.
 
 Where the stat-logger plugin could hook vLLM's output processor (:mod:`specscope.collectors.vllm_hook`), the
 plugin's records are complete and the middleware records nothing. Otherwise it reads each completion's
@@ -191,7 +195,9 @@ class SpecscopeMiddleware:
             await _respond(send, 400, b'{"error": "since takes a final_seq (an integer)"}')
             return
         try:
-            pieces = encode(self.hub.snapshot(), since)
+            snap = self.hub.snapshot()
+            await asyncio.sleep(0)  # the loop runs between the assembly and the head's encoding
+            pieces = encode(snap, since)
             first = next(pieces)
         except Exception as exc:
             self.hub.count_error("snapshot endpoint", exc)

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from specscope.collectors.middleware import SpecscopeMiddleware
-from specscope.hub import Hub
+from specscope.hub import Hub, StepStats
 
 SPEC = {
     "mean_acceptance_length": 2.5,
@@ -219,3 +219,61 @@ def test_the_event_loop_runs_between_pieces_of_a_large_snapshot() -> None:
     assert len(pieces) > 50  # 16 records a piece
     # The ticker saw the response half-sent: the loop was free between pieces, not held for the whole encode.
     assert len({t for t in ticks if 0 < t < len(pieces)}) > 40
+
+
+def test_the_event_loop_runs_between_the_assembly_and_the_encoding() -> None:
+    """The snapshot's assembly and its head's encoding are separate turns of the loop: a task on the same loop runs
+    between the snapshot being assembled and the answer beginning."""
+    ticks: list[int] = []
+    marks: dict[str, int] = {}
+
+    class Marking(Hub):
+        def snapshot(self, window_s: float | None = None) -> Any:
+            snap = super().snapshot(window_s)
+            marks["assembled"] = len(ticks)
+            return snap
+
+    mw = SpecscopeMiddleware(app_sending([], b""), hub=Marking(), argv=[])
+
+    async def main() -> None:
+        done = asyncio.Event()
+
+        async def ticker() -> None:
+            while not done.is_set():
+                ticks.append(1)
+                await asyncio.sleep(0)
+
+        async def send(m: Any) -> None:
+            marks.setdefault("answered", len(ticks))
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request"}
+
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        await mw({"type": "http", "path": "/specscope/snapshot", "method": "GET", "headers": [],
+                  "query_string": b""}, receive, send)
+        done.set()
+        await task
+
+    asyncio.run(main())
+    assert marks["answered"] > marks["assembled"]
+
+
+def test_the_snapshot_adds_the_steps_kept_by_the_stat_logger() -> None:
+    """A snapshot flushes the steps a writer kept: nothing recorded before the poll is missing from it."""
+    hub = Hub()
+
+    class Kept:
+        def __init__(self) -> None:
+            self.steps = [StepStats(running=1, generation_tokens=3, batch=1, decode_s=0.01) for _ in range(3)]
+
+        def flush(self) -> None:
+            while self.steps:
+                hub.record_step(self.steps.pop())
+
+    kept = Kept()
+    hub.add_pending_source(kept.flush)
+    data = json.loads(body(call(SpecscopeMiddleware(app_sending([], b""), hub=hub, argv=[]), "/specscope/snapshot",
+                                "GET")))
+    assert data["lifetime"]["steps"] == 3 and data["lifetime"]["generation_tokens"] == 9
