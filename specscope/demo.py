@@ -113,7 +113,7 @@ class Demo:
         return llm, profile
 
     def good_draft(self, plain: Any, baseline: StepProfile) -> None:
-        from specscope.diagnostics import estimate, k_schedule, schedule_config
+        from specscope.diagnostics import estimate, recommended_config
 
         name = SCENARIOS[2]
         self.show(name)
@@ -128,9 +128,9 @@ class Demo:
             predicted = "n/a" if est is None else f"{est.expected_speedup:.2f}x (best K={est.best_k})"
             self.say(f"3/4 good draft at batch {batch}: measured {self.measured[batch]:.2f}x, "
                      f"specscope predicted {predicted}")
-        config = schedule_config(k_schedule(llm.snapshot()))
+        config = recommended_config(llm.snapshot())
         self.say("3/4 good draft: specscope's K schedule: "
-                 + ("turn speculation off" if config is None else
+                 + ("turn speculation off (remove speculative_config)" if config is None else
                     json.dumps(config["num_speculative_tokens_per_batch_size"])))
         self._close(llm)
 
@@ -149,7 +149,6 @@ class Demo:
 def main(args: argparse.Namespace) -> int:
     """Run the demo, on screen or headless."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
         import vllm  # noqa: F401
     except ImportError:
