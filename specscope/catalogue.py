@@ -263,7 +263,8 @@ METRICS: tuple[Metric, ...] = (
            "Expected speedup over no speculation (Leviathan et al.) from the window's alpha, K and cost ratio c.",
            _one(lambda s: _speedup(s, "expected_speedup"))),
     Metric("specscope.spec_decode.recommended_k", "gauge", "{token}",
-           "The number of speculative tokens that maximises the expected speedup.",
+           "The number of speculative tokens that maximises the expected speedup; 0: remove speculative_config (a "
+           "K = 0 range in vLLM's schedule still runs the draft).",
            _one(lambda s: _speedup(s, "best_k"))),
     # --- KV cache
     Metric("specscope.kv_cache.block_usage", "gauge", "1",

@@ -57,9 +57,14 @@ class SpeedupEstimate:
     #: Share of the engine's time in steps carrying prefill, which speculation does not speed up; None where no step
     #: carrying prefill was timed at this batch size (the speedup is then decode's alone).
     prefill_share: float | None
-    #: End-to-end speedup for K = 0 (speculation off, 1.0) .. 16.
+    #: End-to-end speedup for K = 0 (speculation removed: 1.0) .. 16.
     by_k: tuple[float, ...]
     batch_size: int | None = None
+    #: End-to-end speedup of a K = 0 range in vLLM's ``num_speculative_tokens_per_batch_size``: speculation stays
+    #: configured, and a draft model or head still runs a pass every step to keep its KV cache in step with the
+    #: target (:func:`k0_decode`). Only removing ``speculative_config`` (a restart) gives ``by_k[0]``.
+    k0_speedup: float = 1.0
+    k0_basis: str = ""
 
     @property
     def expected_speedup(self) -> float:
@@ -75,6 +80,16 @@ class SpeedupEstimate:
     def best_speedup(self) -> float:
         """The speedup at :attr:`best_k` (1.0 when that is 0)."""
         return acc.best_k(self.by_k)[1]
+
+    @property
+    def scheduled_k(self) -> int:
+        """The K to put in vLLM's schedule at this batch size, a K = 0 range priced at :attr:`k0_speedup`."""
+        return acc.best_k((self.k0_speedup, *self.by_k[1:]))[0]
+
+    @property
+    def scheduled_speedup(self) -> float:
+        """The speedup at :attr:`scheduled_k` with speculation configured."""
+        return acc.best_k((self.k0_speedup, *self.by_k[1:]))[1]
 
     @property
     def pays(self) -> bool:
@@ -95,7 +110,8 @@ class SpeedupEstimate:
         prefill = (", prefill not timed at this batch size: decode only" if share is None
                    else f", prefill {share:.0%} of engine time" if share >= 0.005 else "")
         if self.best_k == 0:
-            advice = "turn speculation off (K=0): no K makes it pay here"
+            advice = (f"turn speculation off (remove speculative_config, a restart): no K makes it pay here, and "
+                      f"K=0 in vLLM's schedule would run at {self.k0_speedup:.2f}x ({self.k0_basis})")
         elif self.best_k == self.k:
             advice = f"K={self.k} is already the best"
         else:
@@ -282,12 +298,27 @@ def estimate(snap: Snapshot, cost: CostRatio | None = None, batch_size: int | No
         decode[k] = decode_now
     rho, draft_prefill = _prefill_per_decode(snap, batch, tokens), _draft_prefill(snap)
     by_k = (1.0, *(acc.end_to_end(s, decode_now, rho or 0.0, draft_prefill) for s in decode[1:]))
+    k0, k0_basis = k0_decode(snap, cost)
     return SpeedupEstimate(
         alpha=a, k=k, cost_ratio=cost.value, cost_basis=_basis(cost, measured is not None),
         cost_ratio_source=cost.source, tokens_per_step=tokens, tokens_observed=observed is not None,
         decode_speedup=decode_now, prefill_share=None if rho is None else rho / (1.0 + rho), by_k=by_k,
         batch_size=batch if measured is not None or observed is not None else None,
+        k0_speedup=acc.end_to_end(k0, decode_now, rho or 0.0, draft_prefill), k0_basis=k0_basis,
     )
+
+
+def k0_decode(snap: Snapshot, cost: CostRatio) -> tuple[float, str]:
+    """Decode speedup of a K = 0 range in vLLM's schedule, and how it was priced.
+
+    vLLM's proposers for draft models, EAGLE and MTP run their first forward pass before they look at K, so that
+    the drafter's KV cache holds every token the target accepted: at K = 0 a step still costs one draft pass. That
+    is modelled as one draft token's cost c (a draft pass and one more token verified), so 1/(1 + c). n-gram and
+    suffix lookup propose nothing at K = 0: no cost is modelled.
+    """
+    if snap.engine.method in MODEL_FREE_METHODS:
+        return 1.0, "n-gram and suffix lookup do nothing at K=0"
+    return 1.0 / (1.0 + cost.value), f"the draft still runs a pass each step: 1/(1 + c) at c {cost.value:.2f}"
 
 
 def by_batch_size(snap: Snapshot) -> list[SpeedupEstimate]:
@@ -327,11 +358,15 @@ class KChoice:
     speedup: float
     running_k: int
     running_speedup: float
+    #: What a K = 0 range in vLLM's schedule runs at here (not plain speed: see :func:`k0_decode`).
+    k0_speedup: float
 
 
 def k_table(snap: Snapshot) -> list[KChoice]:
-    """The K that maximises goodput at every batch size measured (0: turn speculation off there)."""
-    return [KChoice(e.batch_size or 0, e.best_k, e.best_speedup, e.k, e.expected_speedup) for e in by_batch_size(snap)]
+    """The K for vLLM's schedule at every batch size measured: the one that maximises goodput with speculation
+    configured, a K = 0 range priced at what it costs there."""
+    return [KChoice(e.batch_size or 0, e.scheduled_k, e.scheduled_speedup, e.k, e.expected_speedup, e.k0_speedup)
+            for e in by_batch_size(snap)]
 
 
 def k_schedule(snap: Snapshot, max_batch: int | None = None) -> list[tuple[int, int, int]]:
@@ -355,7 +390,7 @@ def k_schedule(snap: Snapshot, max_batch: int | None = None) -> list[tuple[int, 
             ks.append(ks[-1])
             continue
         est = estimate(snap, batch_size=b)
-        ks.append(est.best_k if est is not None and est.measured else (ks[-1] if ks else table[0].k))
+        ks.append(est.scheduled_k if est is not None and est.measured else (ks[-1] if ks else table[0].k))
     ks = monotone_between(ks, [(c.batch_size, c.k) for c in table])
     out: list[tuple[int, int, int]] = []
     for b, k in enumerate(ks, start=1):
@@ -388,6 +423,15 @@ def schedule_config(schedule: list[tuple[int, int, int]]) -> dict[str, Any] | No
             "num_speculative_tokens_per_batch_size": [list(r) for r in schedule]}
 
 
+def recommended_config(snap: Snapshot) -> dict[str, Any] | None:
+    """The schedule to configure, or None where speculation should be removed (``speculative_config`` dropped, a
+    restart): where no batch size measured pays even at its best K, since a K = 0 range still costs a draft pass."""
+    table = k_table(snap)
+    if not any(c.speedup >= 1.0 for c in table):
+        return None
+    return schedule_config(k_schedule(snap))
+
+
 def schedule_text(snap: Snapshot) -> list[str]:
     """The K table and the ready-to-paste schedule, as lines (empty without a usable baseline)."""
     table = k_table(snap)
@@ -395,13 +439,21 @@ def schedule_text(snap: Snapshot) -> list[str]:
         return []
     lines = ["batch  best K  speedup   (running K)"]
     for c in table:
-        best = "off" if c.k == 0 else str(c.k)
-        lines.append(f"{c.batch_size:>5}  {best:>6}  {c.speedup:6.2f}x   (K={c.running_k}: {c.running_speedup:.2f}x)")
-    config = schedule_config(k_schedule(snap))
+        zero = "   K=0 is not off: speculation removed runs 1.00x" if c.k == 0 else ""
+        lines.append(f"{c.batch_size:>5}  {c.k:>6}  {c.speedup:6.2f}x   (K={c.running_k}: {c.running_speedup:.2f}x)"
+                     + zero)
+    config = recommended_config(snap)
     if config is None:
-        lines.append("turn speculation off: no K pays at any batch size measured")
+        worst = min(table, key=lambda c: c.k0_speedup)
+        lines.append("turn speculation off: remove speculative_config (a restart); no K pays at any batch size "
+                     f"measured, and K=0 in vLLM's schedule still runs the draft ({worst.k0_speedup:.2f}x at batch "
+                     f"{worst.batch_size})")
     else:
         lines.append("speculative_config: " + json.dumps(config, separators=(", ", ": ")))
+        losing = [c for c in table if c.speedup < 1.0]
+        if losing:
+            lines.append("costs at batch " + ", ".join(f"{c.batch_size} ({c.speedup:.2f}x)" for c in losing)
+                         + ": if the engine runs there most, remove speculative_config instead (a restart)")
     return lines
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from specscope import acceptance as acc
-from specscope.diagnostics import by_batch_size, estimate, k_schedule, k_table, schedule_config, with_baseline
+from specscope.diagnostics import by_batch_size, estimate, k_table, recommended_config, with_baseline
 from specscope.model import Snapshot, StepProfile
 from specscope.summary import percent, summary
 
@@ -299,11 +299,12 @@ def _engine_section(e: EngineReport, figures: dict[str, bytes]) -> str:
     table = k_table(snap)
     if table:
         out.append("<h3>K table</h3>")
-        out.append(_table(["batch", "best K", "expected speedup", "running K", "its speedup"],
-                          [(c.batch_size, "off" if c.k == 0 else c.k, f"{c.speedup:.2f}x", c.running_k,
-                            f"{c.running_speedup:.2f}x") for c in table]))
-        config = schedule_config(k_schedule(snap))
-        out.append("<p>Turn speculation off: no K pays at any batch size measured.</p>" if config is None else
+        out.append(_table(["batch", "best K", "expected speedup", "running K", "its speedup", "K=0 in schedule"],
+                          [(c.batch_size, c.k, f"{c.speedup:.2f}x", c.running_k, f"{c.running_speedup:.2f}x",
+                            f"{c.k0_speedup:.2f}x") for c in table]))
+        config = recommended_config(snap)
+        out.append("<p>Turn speculation off: remove speculative_config (a restart). No K pays at any batch size "
+                   "measured, and a K=0 range in vLLM's schedule still runs the draft.</p>" if config is None else
                    "<p>vLLM schedule (speculative_config):</p><pre>"
                    + html.escape(json.dumps(config)) + "</pre>")
     else:

@@ -21,6 +21,7 @@ from specscope.diagnostics import (
     k_schedule,
     k_table,
     load_profile,
+    recommended_config,
     save_profile,
     schedule_config,
     schedule_text,
@@ -67,7 +68,15 @@ def test_a_draft_that_cannot_pay_is_told_to_turn_speculation_off() -> None:
     weak = estimate(hub_with([0] * 90 + [1] * 30, c=0.5).snapshot())
     assert weak is not None and not weak.pays
     assert weak.best_k == 0 and weak.best_speedup == 1.0
-    assert "turn speculation off (K=0)" in weak.explain()
+    # Off means speculative_config removed: a K=0 range in vLLM's schedule still runs a draft pass a step.
+    assert weak.k0_speedup == pytest.approx(1 / 1.5) and weak.scheduled_k == 1 and weak.scheduled_speedup < 1
+    assert "turn speculation off (remove speculative_config, a restart)" in weak.explain()
+    assert "K=0 in vLLM's schedule would run at 0.67x" in weak.explain()
+
+
+def test_k0_costs_nothing_modelled_for_model_free_methods() -> None:
+    est = estimate(hub_with([0] * 90 + [1] * 30, c=0.5, method="ngram").snapshot(), cost=CostRatio(0.5, "given"))
+    assert est is not None and est.k0_speedup == 1.0 and "n-gram" in est.k0_basis
 
 
 def test_not_paying_rule() -> None:
@@ -236,21 +245,27 @@ def test_k_table_and_a_ready_to_paste_schedule(tmp_path: Path) -> None:
     table = {c.batch_size: c for c in k_table(snap)}
     # Every draft accepted exactly three tokens: a fourth is never accepted, so K=3 beats the running K=4.
     assert table[1].k == 3 and table[1].speedup > table[1].running_speedup > 1
-    assert table[16].k == 0 and table[16].speedup == 1.0  # at 16 a speculative step costs 5x a plain one
+    # At 16 a speculative step costs 5x a plain one (c = 1): no K pays, and a K=0 range would still run the draft
+    # (1/(1 + c) = 0.5x), so the schedule keeps K=1 (two tokens a step at twice the cost), where removing
+    # speculation would be best.
+    assert table[16].k0_speedup == pytest.approx(0.5, abs=0.02) and table[16].k == 1 and table[16].speedup < 1
+    assert estimate(snap, batch_size=16).best_k == 0  # type: ignore[union-attr]
     schedule = k_schedule(snap)
-    assert schedule[0][0] == 1 and schedule[0][2] == 3 and schedule[-1][1:] == (16, 0)  # max_num_seqs = 16
+    assert schedule[0][0] == 1 and schedule[0][2] == 3 and schedule[-1][1:] == (16, 1)  # max_num_seqs = 16
     assert all(a[1] + 1 == b[0] for a, b in itertools.pairwise(schedule))  # contiguous ranges
     for start, end, k in schedule:  # between measured sizes, the estimate on interpolated step times
         for b in range(start, end + 1):
-            assert estimate(snap, batch_size=b).best_k == k, b  # type: ignore[union-attr]
+            assert estimate(snap, batch_size=b).scheduled_k == k, b  # type: ignore[union-attr]
     config = schedule_config(schedule)
     assert config is not None and config["num_speculative_tokens"] == max(k for *_, k in schedule)
-    assert config["num_speculative_tokens_per_batch_size"][-1][2] == 0
+    assert config["num_speculative_tokens_per_batch_size"][-1][2] == 1
+    assert recommended_config(snap) == config  # batch 1 pays
     from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
 
     assert validate_and_normalize_dynamic_sd_schedule(config["num_speculative_tokens_per_batch_size"]) == schedule
     text = "\n".join(schedule_text(snap))
-    assert "off" in text and '"num_speculative_tokens_per_batch_size": [[1, ' in text
+    assert "costs at batch 16 (0.96x): if the engine runs there most, remove speculative_config" in text
+    assert '"num_speculative_tokens_per_batch_size": [[1, ' in text
     assert schedule_config([(1, 16, 0)]) is None
 
 

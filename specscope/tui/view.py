@@ -17,8 +17,7 @@ from specscope.diagnostics import (
     by_batch_size,
     draft_kv_cost,
     estimate,
-    k_schedule,
-    schedule_config,
+    recommended_config,
 )
 from specscope.model import RequestRecord, Snapshot
 from specscope.summary import percent
@@ -156,7 +155,8 @@ def spec_panel(snap: Snapshot | None, threshold: float, history: list[float] | N
     else:
         t.append(f"speedup {est.expected_speedup:.2f}x", style="bold" if est.pays else "bold red")
         t.append(f" at K={est.k}" + (f" batch {est.batch_size}" if est.batch_size else ""))
-        t.append("; turn speculation OFF (best K=0)\n" if est.best_k == 0
+        t.append(f"; remove speculation (K=0 runs {est.k0_speedup:.2f}x)\n"
+                 if est.best_k == 0
                  else f"; best K={est.best_k} ({est.best_speedup:.2f}x)\n")
         if not compact:
             tokens = "observed" if est.tokens_observed else "modelled"
@@ -167,8 +167,8 @@ def spec_panel(snap: Snapshot | None, threshold: float, history: list[float] | N
         line = None if compact else by_batch_line(by_batch_size(snap))
         if line:
             t.append(line + "\n")
-            config = schedule_config(k_schedule(snap))
-            t.append("K schedule: " + ("speculation off at every batch size" if config is None else
+            config = recommended_config(snap)
+            t.append("K schedule: " + ("remove speculative_config: no K pays" if config is None else
                                        json.dumps(config["num_speculative_tokens_per_batch_size"])) + "\n")
     return t
 

@@ -1,0 +1,125 @@
+"""What does K = 0 in vLLM's schedule cost? A ``num_speculative_tokens_per_batch_size`` range with K = 0 keeps
+speculation configured: a draft model (and an EAGLE head, on the same proposer) still runs a forward pass every
+step to keep its KV cache in step with the target; n-gram proposes nothing. Only removing ``speculative_config``
+(a restart) gives plain speed.
+
+On the deep family's f = 0.01 pair (draft model) and on n-gram over the same target, at batch 1, 4 and 16:
+
+- **measured**: output tokens/s of an engine whose schedule is K = 0 at every batch size, against the plain target,
+  the batch held full for a few seconds (``steady_throughput``), the engines run alternately, medians of rounds;
+- **predicted**: specscope's price of a K = 0 range (``SpeedupEstimate.k0_speedup``) from a K = 2 engine's run
+  against the plain target's calibration, as an operator running K = 2 would see it in ``specscope top``;
+- the K = 2 engine's own measured speedup beside them (what the schedule gives up by choosing K = 0 there).
+
+Run: python benchmarks/bench_k0.py [--rounds 3]
+Results: benchmarks/results/k0.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+from benchmarks._common import write
+from specscope import tiny_models
+from specscope.wrapper import measure_step_times, steady_throughput
+
+BATCHES = (1, 4, 16)
+TOKENS = 96
+WINDOW_S = 5.0
+PROMPTS = tiny_models.prompts(64, seed=31)
+ENGINE: dict[str, Any] = {"enforce_eager": True, "dtype": "float32", "max_model_len": 1024, "seed": 0,
+                          "enable_prefix_caching": False, "max_num_seqs": 16}
+#: K = 0 at every batch size (vLLM needs num_speculative_tokens > 0 beside it).
+ALL_ZERO = [[1, 16, 0]]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    from vllm import SamplingParams
+
+    import specscope
+    from specscope.diagnostics import estimate
+
+    models = tiny_models.build()
+    target, draft = str(models["deep01-target"]), str(models["deep01-draft"])
+    t0 = time.monotonic()
+    engines = {
+        "plain": specscope.LLM(target, specscope_hub=specscope.Hub(), **ENGINE),
+        "draft K=2": specscope.LLM(target, specscope_hub=specscope.Hub(), **ENGINE, speculative_config={
+            "method": "draft_model", "model": draft, "num_speculative_tokens": 2}),
+        "draft K=0": specscope.LLM(target, specscope_hub=specscope.Hub(), **ENGINE, speculative_config={
+            "method": "draft_model", "model": draft, "num_speculative_tokens": 2,
+            "num_speculative_tokens_per_batch_size": ALL_ZERO}),
+        "ngram K=2": specscope.LLM(target, specscope_hub=specscope.Hub(), **ENGINE, speculative_config={
+            "method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4, "num_speculative_tokens": 2}),
+        "ngram K=0": specscope.LLM(target, specscope_hub=specscope.Hub(), **ENGINE, speculative_config={
+            "method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4, "num_speculative_tokens": 2,
+            "num_speculative_tokens_per_batch_size": ALL_ZERO}),
+    }
+    for llm in engines.values():  # warm-up
+        for b in BATCHES:
+            llm.generate(PROMPTS[:b], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+    names = list(engines)
+    ratios: dict[str, dict[int, list[float]]] = {n: {b: [] for b in BATCHES} for n in names[1:]}
+    predicted: dict[str, dict[int, list[float]]] = {n: {b: [] for b in BATCHES} for n in ("draft K=2", "ngram K=2")}
+    costs: dict[str, dict[int, list[float]]] = {n: {b: [] for b in BATCHES} for n in predicted}
+    for r in range(args.rounds):
+        for b in BATCHES:
+            order = names if r % 2 == 0 else names[::-1]
+            tok_s = {n: steady_throughput(engines[n], b, WINDOW_S, PROMPTS, TOKENS) for n in order}
+            for n in names[1:]:
+                ratios[n][b].append(tok_s[n] / tok_s["plain"])
+        baseline = measure_step_times(engines["plain"], BATCHES, tokens=TOKENS, rounds=1)
+        for n in predicted:  # the K = 2 engines' own runs, against this round's calibration
+            hub = specscope.Hub()
+            hub.set_baseline(baseline)
+            specscope.instrument(engines[n], hub)
+            for b in BATCHES:
+                steady_throughput(engines[n], b, WINDOW_S, PROMPTS, TOKENS)
+            for b in BATCHES:
+                est = estimate(hub.snapshot(), batch_size=b)
+                if est is not None:
+                    predicted[n][b].append(est.k0_speedup)
+                    costs[n][b].append(est.cost_ratio)
+        print(f"round {r + 1}: " + "  ".join(f"{n} b{b} {v[b][-1]:.3f}" for n, v in ratios.items()
+                                             for b in BATCHES), flush=True)
+    cells = {}
+    for method in ("draft", "ngram"):
+        cells[method] = {b: {
+            "k0_measured": round(statistics.median(ratios[f"{method} K=0"][b]), 3),
+            "k0_measured_rounds": [round(x, 3) for x in ratios[f"{method} K=0"][b]],
+            "k0_predicted": round(statistics.median(predicted[f"{method} K=2"][b]), 3)
+            if predicted[f"{method} K=2"][b] else None,
+            "k2_measured": round(statistics.median(ratios[f"{method} K=2"][b]), 3),
+            "c_at_k2": round(statistics.median(costs[f"{method} K=2"][b]), 3) if costs[f"{method} K=2"][b] else None,
+        } for b in BATCHES}
+    errors = [c["k0_predicted"] / c["k0_measured"] - 1 for m in cells.values() for c in m.values()
+              if c["k0_predicted"] is not None]
+    result = {"pair": "deep01-target / deep01-draft (draft_model) and n-gram on deep01-target",
+              "rounds": args.rounds, "window_s": WINDOW_S, "cells": cells,
+              "worst_prediction_error": round(max(errors, key=abs), 3) if errors else None,
+              "seconds": round(time.monotonic() - t0)}
+    for llm in engines.values():
+        llm.llm_engine.engine_core.shutdown()
+    gc.collect()
+    write("k0", result)
+    for method, by_b in cells.items():
+        for b, c in by_b.items():
+            print(f"{method:5} batch {b:>2}: K=0 in schedule measured {c['k0_measured']:.2f}x "
+                  f"(rounds {c['k0_measured_rounds']}), predicted {c['k0_predicted']}; K=2 {c['k2_measured']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
