@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from specscope import acceptance as acc
+from specscope import classes
 
 #: Upper bounds of the per-request acceptance-rate histogram (the last bucket is +Inf).
 ACCEPTANCE_RATE_BOUNDS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
@@ -260,6 +261,14 @@ class RequestRecord:
     trace_context: tuple[tuple[str, str], ...] | None = None
     #: vLLM's own ``llm_request`` span (a ``traceparent``), when vLLM traces: the request's span links to it.
     vllm_span: str | None = None
+    #: The class the request was sent with (baggage ``traffic_class``, the operator's header, the served LoRA
+    #: model, or ``specscope_class`` offline; :mod:`specscope.classes`); None: only its prompt-length bucket.
+    traffic_class: str | None = None
+
+    @property
+    def class_name(self) -> str | None:
+        """The request's traffic class: its own, else its prompt-length bucket (None where neither is known)."""
+        return self.traffic_class or classes.prompt_bucket(self.prompt_tokens)
 
     @property
     def operation_name(self) -> str:

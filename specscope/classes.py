@@ -1,0 +1,58 @@
+"""Traffic classes: what a request's class is, and what a class name may be.
+
+A request's class comes, in this order, from the W3C ``baggage`` header's ``traffic_class`` member, a header the
+operator names (``SPECSCOPE_CLASS_HEADER``), the served model name when vLLM serves several (LoRA adapters), or
+``specscope.LLM.generate(..., specscope_class=...)`` offline; without one it is its prompt-length bucket. A class
+is a metric label: at most :data:`MAX_LENGTH` characters of a safe set, anything else is refused (``None``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections.abc import Mapping
+
+#: The longest class name kept.
+MAX_LENGTH = 48
+_SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/+-]*")
+#: Prompt-length buckets (tokens): every request without a class of its own falls in one.
+PROMPT_BOUNDS = (256, 2048, 8192)
+PROMPT_BUCKETS = ("prompt:<256", "prompt:256-2k", "prompt:2k-8k", "prompt:>=8k")
+#: The baggage member that names a request's class.
+BAGGAGE_KEY = "traffic_class"
+
+
+def clean(value: object) -> str | None:
+    """``value`` as a class name, or None where it is empty, too long or not of the safe characters."""
+    if not isinstance(value, str):
+        return None
+    value = value.strip()
+    if not value or len(value) > MAX_LENGTH or not _SAFE.fullmatch(value):
+        return None
+    return value
+
+
+def prompt_bucket(prompt_tokens: int | None) -> str | None:
+    """The prompt-length bucket of a request of ``prompt_tokens`` (None where that is unknown)."""
+    if prompt_tokens is None:
+        return None
+    return PROMPT_BUCKETS[bisect.bisect_right(PROMPT_BOUNDS, prompt_tokens)]
+
+
+def from_baggage(header: str) -> str | None:
+    """The ``traffic_class`` member of a W3C ``baggage`` header (``k=v;prop,k2=v2``), cleaned."""
+    from urllib.parse import unquote
+
+    for member in header.split(","):
+        key, sep, rest = member.partition("=")
+        if sep and key.strip() == BAGGAGE_KEY:
+            return clean(unquote(rest.split(";", 1)[0].strip()))
+    return None
+
+
+def from_headers(headers: Mapping[str, str], named: str | None) -> str | None:
+    """A request's class from its headers (lower-case names): baggage first, then the operator's ``named`` one."""
+    found = from_baggage(headers["baggage"]) if "baggage" in headers else None
+    if found is None and named:
+        found = clean(headers.get(named.lower()))
+    return found
