@@ -11,14 +11,16 @@ them. :func:`instrument` attaches the same recording to an engine created elsewh
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import vllm
 from vllm.v1.engine.async_llm import AsyncLLM as _VllmAsyncLLM
 
+from specscope import classes
 from specscope.collectors import gpu_source, vllm_hook, vllm_reader
 from specscope.collectors.vllm_logger import SpecscopeStatLogger
 from specscope.hub import Hub, default_hub
@@ -36,9 +38,11 @@ def _record_output(hub: Hub, output: Any) -> None:
     try:
         if output.finished:
             fields = vllm_reader.output_fields(output)
-            operation = vllm_hook.OPERATION.get()
+            operation, cls = vllm_hook.OPERATION.get(), vllm_hook.TRAFFIC_CLASS.get()
             if operation:
                 fields["operation"] = operation
+            if cls:
+                fields["traffic_class"] = cls
             hub.record_request(str(output.request_id), **fields)
             for completion in getattr(output, "outputs", None) or ():
                 steps = vllm_reader.per_step_counts(getattr(completion, "spec_decode_metrics", None))
@@ -167,6 +171,8 @@ class LLM(vllm.LLM):
     ``specscope_baseline``: the target's step times without speculation (a file written by ``specscope
     calibrate``, or a :class:`~specscope.model.StepProfile`), which makes the speedup estimate measured. For
     draft-model speculation the two tokenizers are compared first (:mod:`specscope.tokenizer_check`).
+    ``generate`` and ``chat`` take ``specscope_class``: the traffic class of the call's requests (acceptance is
+    shown per class; a label of :mod:`specscope.classes`' safe characters, ValueError otherwise).
     """
 
     def __init__(self, model: str, *, specscope_hub: Hub | None = None,
@@ -182,17 +188,40 @@ class LLM(vllm.LLM):
         super().__init__(model, **kwargs)
         self.specscope: Hub = instrument(self, hub, keep_vllm_loggers=keep_vllm_loggers)
 
-    def chat(self, *args: Any, **kwargs: Any) -> Any:
-        """``vllm.LLM.chat``; its requests are recorded as GenAI ``chat`` operations."""
+    def generate(self, *args: Any, specscope_class: str | None = None, **kwargs: Any) -> Any:
+        """``vllm.LLM.generate``; its requests are of traffic class ``specscope_class`` where given."""
+        with _traffic_class(specscope_class):
+            return super().generate(*args, **kwargs)
+
+    def chat(self, *args: Any, specscope_class: str | None = None, **kwargs: Any) -> Any:
+        """``vllm.LLM.chat``; its requests are recorded as GenAI ``chat`` operations (of ``specscope_class``)."""
         token = vllm_hook.OPERATION.set("chat")
         try:
-            return super().chat(*args, **kwargs)
+            with _traffic_class(specscope_class):
+                return super().chat(*args, **kwargs)
         finally:
             vllm_hook.OPERATION.reset(token)
 
     def snapshot(self) -> Snapshot:
         """The hub's current snapshot."""
         return self.specscope.snapshot()
+
+
+@contextlib.contextmanager
+def _traffic_class(value: str | None) -> Iterator[None]:
+    """The requests added inside are of class ``value`` (where given)."""
+    if value is None:
+        yield
+        return
+    cls = classes.clean(value)
+    if cls is None:
+        raise ValueError(f"specscope_class {str(value)[:60]!r} is not a class name: up to {classes.MAX_LENGTH} "
+                         "letters, digits and _.:/+- (starting with a letter or digit)")
+    token = vllm_hook.TRAFFIC_CLASS.set(cls)
+    try:
+        yield
+    finally:
+        vllm_hook.TRAFFIC_CLASS.reset(token)
 
 
 def measure_step_times(llm: LLM, batch_sizes: Sequence[int], tokens: int = 64, rounds: int = 2) -> StepProfile:

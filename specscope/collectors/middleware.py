@@ -15,6 +15,9 @@ plugin's records are complete and the middleware records nothing. Otherwise it r
 ``usage`` and ``metrics.speculative_decoding`` (when streaming: the final usage chunk, sent when the client asks
 for ``stream_options.include_usage``) and joins them to the plugin's records. Every message is passed on before
 it is looked at, so a response is never delayed; text is never kept.
+
+Each completion request's traffic class is read from its headers (the W3C ``baggage`` member ``traffic_class``,
+else the header named by ``SPECSCOPE_CLASS_HEADER``) and set for vLLM's ``add_request``, where the hook notes it.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qs
 
-from specscope import auth
+from specscope import auth, classes
 from specscope.collectors import vllm_hook, vllm_reader
 from specscope.hub import Hub, default_hub
 from specscope.model import encode
@@ -40,6 +43,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 COMPLETION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 SNAPSHOT_PATH = "/specscope/snapshot"
+_CLASS_HEADERS = frozenset({b"baggage"})
 #: Non-streaming bodies larger than this are not parsed (their metrics are lost, the response is not).
 MAX_BODY = 4 << 20
 
@@ -139,6 +143,9 @@ class SpecscopeMiddleware:
         self.guard = _Guard(app, sys.argv if argv is None else argv)
         self.serve = os.environ.get("SPECSCOPE_SNAPSHOT", "on").lower() not in ("off", "0", "false", "no")
         self.join = not vllm_hook.installed() if join is None else join
+        named = os.environ.get("SPECSCOPE_CLASS_HEADER", "").strip().lower()
+        #: The header the operator names for a request's class (e.g. ``x-tenant``), after ``baggage``.
+        self.class_header = named.encode("latin-1") if named else None
         if self.join:
             self.hub.expect_request_parts(2)
 
@@ -150,9 +157,30 @@ class SpecscopeMiddleware:
         if path == SNAPSHOT_PATH and self.serve and scope.get("method") == "GET":
             await self._snapshot(scope, send)
             return
-        if path not in COMPLETION_PATHS or not self.join:
+        if path not in COMPLETION_PATHS:
             await self.app(scope, receive, send)
             return
+        cls = self._traffic_class(scope)
+        token = vllm_hook.TRAFFIC_CLASS.set(cls)  # the hook notes it as vLLM adds the request, in this context
+        try:
+            if self.join:
+                await self._joined(scope, receive, send, cls)
+            else:
+                await self.app(scope, receive, send)
+        finally:
+            vllm_hook.TRAFFIC_CLASS.reset(token)
+
+    def _traffic_class(self, scope: Scope) -> str | None:
+        """The request's class from its headers: the ``baggage`` member, else the operator's named header."""
+        try:
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or ()
+                       if k in _CLASS_HEADERS or k == self.class_header}
+            return classes.from_headers(headers, self.class_header.decode("latin-1") if self.class_header else None)
+        except Exception as exc:
+            self.hub.count_error("middleware", exc)
+            return None
+
+    async def _joined(self, scope: Scope, receive: Receive, send: Send, cls: str | None) -> None:
         reader = _Reader()
         failed = False
 
@@ -172,14 +200,14 @@ class SpecscopeMiddleware:
         try:
             body = reader.result()
             if body and body.get("id"):
-                self._record(str(body["id"]), body)
+                self._record(str(body["id"]), body, cls)
         except Exception as exc:
             self.hub.count_error("middleware", exc)
 
-    def _record(self, response_id: str, body: dict[str, Any]) -> None:
+    def _record(self, response_id: str, body: dict[str, Any], cls: str | None) -> None:
         # vLLM's engine sees "<id>-0" for the first prompt of a completion, "<id>" for a chat completion.
         rid = next((c for c in (response_id, f"{response_id}-0") if self.hub.has_request(c)), response_id)
-        self.hub.record_request(rid, **vllm_reader.response_fields(body))
+        self.hub.record_request(rid, **vllm_reader.response_fields(body), traffic_class=cls)
         steps = vllm_reader.per_step_counts((body.get("metrics") or {}).get("speculative_decoding"))
         if steps is not None:
             self.hub.record_draft_positions(*steps)

@@ -24,21 +24,41 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
+
+from specscope import classes
 
 log = logging.getLogger("specscope")
 
-#: The attribute set on vLLM's ``FinishedRequestStats``: ``(child index or None, spec metrics, front-end TTFT,
-#: trace context carrier or None, vLLM's span as a traceparent or None)``.
+#: The attribute set on vLLM's ``FinishedRequestStats``: an :class:`Extras`.
 ATTRIBUTE = "specscope"
-#: Trace contexts of requests added and not yet finished, by vLLM's external request id (bounded: oldest out).
-_TRACES: OrderedDict[str, dict[str, str]] = OrderedDict()
-_MAX_TRACES = 4096
+#: What was noted of requests added and not yet finished, by vLLM's external request id (bounded: oldest out):
+#: ``(trace context carrier or None, traffic class or None)``.
+_ADDED: OrderedDict[str, tuple[dict[str, str] | None, str | None]] = OrderedDict()
+_MAX_ADDED = 4096
 #: The context of the span vLLM's ``do_tracing`` made on this thread (noted by :func:`_span_processor`'s).
 _local = threading.local()
 #: The GenAI operation (``chat``) of the requests an offline ``LLM`` call in this context runs; records made in
 #: the same thread (the stat logger's, or the outputs') carry it. Unset: told by the request id, or a completion.
 OPERATION: contextvars.ContextVar[str | None] = contextvars.ContextVar("specscope_operation", default=None)
+#: The traffic class of the requests added in this context: the middleware's, from the request's headers, or an
+#: offline ``specscope.LLM.generate(..., specscope_class=...)``'s. Unset: the served LoRA adapter's name, if any.
+TRAFFIC_CLASS: contextvars.ContextVar[str | None] = contextvars.ContextVar("specscope_traffic_class", default=None)
+
+
+class Extras(NamedTuple):
+    """What the hook attaches to a finished request's stats."""
+
+    #: The child's index when the request is one of ``n > 1`` samples (they share one request id).
+    child: int | None
+    spec_metrics: Any
+    #: The front end's time to first token.
+    ttft_s: float | None
+    #: The W3C trace context to continue (``traceparent``, ``tracestate``).
+    carrier: dict[str, str] | None
+    #: vLLM's own ``llm_request`` span, as a ``traceparent``.
+    vllm_span: str | None
+    traffic_class: str | None
 
 _lock = threading.Lock()
 _installed: bool | None = None
@@ -106,32 +126,44 @@ def trace_carrier(trace_headers: Any) -> dict[str, str] | None:
     return out or None
 
 
-def _remember(request_id: Any, trace_headers: Any) -> None:
+def traffic_class(lora_request: Any) -> str | None:
+    """The class of a request being added: this context's :data:`TRAFFIC_CLASS`, else its LoRA adapter's name
+    (``model:<name>``, a class of its own kind: the served model when vLLM serves several)."""
+    found = TRAFFIC_CLASS.get()
+    if found is None and lora_request is not None:
+        name = classes.clean(getattr(lora_request, "lora_name", None))
+        found = None if name is None else f"model:{name}"
+    return found
+
+
+def _remember(request_id: Any, kwargs: dict[str, Any]) -> None:
     try:
-        carrier = trace_carrier(trace_headers)
-        if carrier is None:
+        carrier = trace_carrier(kwargs.get("trace_headers"))
+        cls = traffic_class(kwargs.get("lora_request"))
+        if carrier is None and cls is None:
             return
         with _lock:
-            _TRACES[str(request_id)] = carrier
-            while len(_TRACES) > _MAX_TRACES:
-                _TRACES.popitem(last=False)
+            _ADDED[str(request_id)] = (carrier, cls)
+            while len(_ADDED) > _MAX_ADDED:
+                _ADDED.popitem(last=False)
     except Exception:
         global failures
         failures += 1
 
 
 def _wrap_add_request(cls: Any) -> None:
-    """Remember each request's trace context as it is added (before vLLM drops it when its tracing is off)."""
+    """Remember each request's trace context (before vLLM drops it when its tracing is off) and traffic class as
+    it is added."""
     original = cls.add_request
     if inspect.iscoroutinefunction(original):
         @functools.wraps(original)
         async def add_request(self: Any, request_id: Any, *args: Any, **kwargs: Any) -> Any:
-            _remember(request_id, kwargs.get("trace_headers"))
+            _remember(request_id, kwargs)
             return await original(self, request_id, *args, **kwargs)
     else:
         @functools.wraps(original)
         def add_request(self: Any, request_id: Any, *args: Any, **kwargs: Any) -> Any:
-            _remember(request_id, kwargs.get("trace_headers"))
+            _remember(request_id, kwargs)
             return original(self, request_id, *args, **kwargs)
     _replace(cls, "add_request", add_request)
 
@@ -200,7 +232,7 @@ def _install() -> bool:
                 finished = iteration_stats.finished_requests[-1] if iteration_stats is not None else None
                 extra = getattr(finished, ATTRIBUTE, None)
                 if span is not None and extra is not None:
-                    setattr(finished, ATTRIBUTE, (*extra[:4], _traceparent(span)))
+                    setattr(finished, ATTRIBUTE, extra._replace(vllm_span=_traceparent(span)))
             except Exception:
                 failures += 1
             return result
@@ -216,12 +248,12 @@ def _install() -> bool:
             index = req_state.request_index if req_state.parent_req is not None else None
             stats = req_state.stats
             with _lock:
-                carrier = _TRACES.get(req_state.external_req_id)
+                carrier, cls = _ADDED.get(req_state.external_req_id) or (None, None)
                 if req_state.parent_req is None:
-                    _TRACES.pop(req_state.external_req_id, None)
-            setattr(finished, ATTRIBUTE, (index, req_state.spec_decode_metrics,
-                                          getattr(stats, "first_token_latency", None) if stats else None,
-                                          carrier, None))
+                    _ADDED.pop(req_state.external_req_id, None)
+            setattr(finished, ATTRIBUTE, Extras(index, req_state.spec_decode_metrics,
+                                                getattr(stats, "first_token_latency", None) if stats else None,
+                                                carrier, None, cls))
         except Exception:  # vLLM moved something: that request's extras are lost, nothing else
             global failures
             failures += 1

@@ -346,18 +346,19 @@ def finished_requests(iteration_stats: Any) -> list[Finished]:
         if extra is None:
             out.append(Finished(str(rid), fields))
             continue
-        index, metrics, ttft, carrier, vllm_span = (*extra, None, None)[:5]
-        if ttft:
-            fields["ttft_s"] = ttft
-        if carrier:
-            fields["trace_context"] = tuple(sorted(carrier.items()))
-        if vllm_span:
-            fields["vllm_span"] = vllm_span
+        if extra.ttft_s:
+            fields["ttft_s"] = extra.ttft_s
+        if extra.carrier:
+            fields["trace_context"] = tuple(sorted(extra.carrier.items()))
+        if extra.vllm_span:
+            fields["vllm_span"] = extra.vllm_span
+        if extra.traffic_class:
+            fields["traffic_class"] = extra.traffic_class
         per_step = None
-        if metrics is not None:
-            spec, per_step = _spec(metrics)
+        if extra.spec_metrics is not None:
+            spec, per_step = _spec(extra.spec_metrics)
             fields.update(spec)
-        out.append(Finished(str(rid) if index is None else f"{rid}#{index}", fields, per_step, True))
+        out.append(Finished(str(rid) if extra.child is None else f"{rid}#{extra.child}", fields, per_step, True))
     return out
 
 

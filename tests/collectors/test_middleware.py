@@ -130,6 +130,31 @@ def test_with_the_hook_in_place_completions_pass_untouched_and_unrecorded() -> N
     assert body(sent) == completion("z") and hub.snapshot().requests == ()
 
 
+def test_a_request_s_class_comes_from_baggage_else_the_named_header(monkeypatch: Any) -> None:
+    from specscope.collectors import vllm_hook
+
+    monkeypatch.setenv("SPECSCOPE_CLASS_HEADER", "X-Tenant")
+    seen: list[str | None] = []
+    answer = app_sending([completion("c")], b"application/json")
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(vllm_hook.TRAFFIC_CLASS.get())  # where vLLM's add_request (and the hook) run
+        await answer(scope, receive, send)
+
+    hub = Hub()
+    hooked = SpecscopeMiddleware(app, hub=hub, argv=[], join=False)
+    call(hooked, "/v1/completions", headers=[(b"baggage", b"user=7,traffic_class=code%2Fpython;ttl=1"),
+                                             (b"x-tenant", b"acme")])
+    call(hooked, "/v1/chat/completions", headers=[(b"x-tenant", b"acme")])
+    call(hooked, "/v1/completions", headers=[(b"x-tenant", b"no spaces allowed")])
+    call(hooked, "/v1/completions")
+    assert seen == ["code/python", "acme", None, None] and vllm_hook.TRAFFIC_CLASS.get() is None
+    joined = SpecscopeMiddleware(app, hub=hub, argv=[], join=True)  # no hook: the response's part carries it
+    call(joined, "/v1/completions", headers=[(b"x-tenant", b"acme")])
+    (rec,) = hub.snapshot().requests
+    assert rec.traffic_class == "acme" and rec.class_name == "acme"
+
+
 def guarded_app() -> Any:
     from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
 

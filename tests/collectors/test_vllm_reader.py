@@ -79,19 +79,37 @@ def test_finished_requests_and_spec_fields() -> None:
 def test_the_output_processor_hook_completes_each_record_and_separates_n_samples() -> None:
     """What the hook attaches to vLLM's FinishedRequestStats: speculative metrics, the front end's TTFT, and for
     one of n samples (which share their request id) its index."""
-    from specscope.collectors.vllm_hook import ATTRIBUTE
+    from specscope.collectors.vllm_hook import ATTRIBUTE, Extras
 
     _, it = make_stats()
     child = stats.FinishedRequestStats(finish_reason="length", request_id="req-1", num_generation_tokens=5)
     it.finished_requests.append(child)
     m = stats.RequestSpecDecodeMetrics.new(4)
     m.observe(num_draft_tokens=4, num_accepted=3, detailed=True)
-    setattr(it.finished_requests[0], ATTRIBUTE, (0, m, 0.042))
-    setattr(child, ATTRIBUTE, (1, None, None))
+    setattr(it.finished_requests[0], ATTRIBUTE, Extras(0, m, 0.042, None, None, "code"))
+    setattr(child, ATTRIBUTE, Extras(1, None, None, None, None, None))
     first, second = vllm_reader.finished_requests(it)
     assert (first.request_id, second.request_id) == ("req-1#0", "req-1#1") and first.complete
     assert first.fields["ttft_s"] == 0.042 and first.fields["accepted_tokens"] == 3
     assert first.per_step == ([3], [4]) and second.per_step is None
+    assert first.fields["traffic_class"] == "code" and "traffic_class" not in second.fields
+
+
+def test_a_request_is_added_with_its_context_s_class_else_its_lora_adapter_s() -> None:
+    from specscope.collectors import vllm_hook
+
+    class Lora:
+        lora_name = "sql-adapter"
+
+    assert vllm_hook.traffic_class(None) is None
+    assert vllm_hook.traffic_class(Lora()) == "model:sql-adapter"
+    token = vllm_hook.TRAFFIC_CLASS.set("chat")
+    try:
+        assert vllm_hook.traffic_class(Lora()) == "chat"  # a header or the caller's class comes first
+    finally:
+        vllm_hook.TRAFFIC_CLASS.reset(token)
+    Lora.lora_name = "not a label!"
+    assert vllm_hook.traffic_class(Lora()) is None
 
 
 def test_stat_logger_feeds_the_hub_and_survives_garbage() -> None:
