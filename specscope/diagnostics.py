@@ -312,13 +312,19 @@ def k0_decode(snap: Snapshot, cost: CostRatio) -> tuple[float, str]:
     """Decode speedup of a K = 0 range in vLLM's schedule, and how it was priced.
 
     vLLM's proposers for draft models, EAGLE and MTP run their first forward pass before they look at K, so that
-    the drafter's KV cache holds every token the target accepted: at K = 0 a step still costs one draft pass. That
-    is modelled as one draft token's cost c (a draft pass and one more token verified), so 1/(1 + c). n-gram and
-    suffix lookup propose nothing at K = 0: no cost is modelled.
+    the drafter's KV cache holds every token the target accepted: at K = 0 a step still costs one draft pass. Its
+    cost is taken as c at the smallest batch size measured, where verifying more tokens costs the target least,
+    so c is mostly the draft pass (a draft pass grows with the batch as a target step does; verification grows
+    faster); without a measured c, the estimate's c (an upper bound). n-gram and suffix lookup run no model at
+    K = 0: no cost is modelled (vLLM's speculative path still costs a few percent: ``benchmarks/results/k0.json``).
     """
     if snap.engine.method in MODEL_FREE_METHODS:
-        return 1.0, "n-gram and suffix lookup do nothing at K=0"
-    return 1.0 / (1.0 + cost.value), f"the draft still runs a pass each step: 1/(1 + c) at c {cost.value:.2f}"
+        return 1.0, "n-gram and suffix lookup run no model at K=0"
+    for t in snap.lifetime.step_times.times:
+        if t.steps >= MIN_STEPS and (smallest := measured_cost(snap, t.batch_size)) is not None:
+            return 1.0 / (1.0 + smallest.value), (f"the draft still runs a pass a step: c {smallest.value:.2f} "
+                                                  f"measured at batch {t.batch_size}")
+    return 1.0 / (1.0 + cost.value), f"the draft still runs a pass a step: at most c {cost.value:.2f}"
 
 
 def by_batch_size(snap: Snapshot) -> list[SpeedupEstimate]:

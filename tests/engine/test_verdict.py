@@ -146,6 +146,52 @@ def test_a_draft_that_cannot_pay_is_told_to_turn_speculation_off(tiny: dict[str,
         shutdown(spec)
 
 
+def test_the_recommended_schedule_followed_as_vllm_takes_it_measures_what_was_promised(
+        tiny: dict[str, Path], plain: Any, baseline: StepProfile) -> None:
+    """Advice that holds when followed: the schedule specscope recommends from a K=4 engine, configured as vLLM
+    takes it, runs at the speedup the K table promised at each batch size; and a K=0 range runs at its priced
+    speed, below plain (the draft still runs a pass a step), not at the plain engine's."""
+    import specscope
+    from specscope.diagnostics import k_table, recommended_config
+    from specscope.wrapper import steady_throughput
+
+    def steady(llm: Any, b: int) -> float:
+        return steady_throughput(llm, b, 3.0, PROMPTS, 64)
+
+    spec = speculative(tiny, "deep01", 4, baseline)
+    try:
+        for b in (1, 8):
+            steady(spec, b)
+        snap = spec.snapshot()
+        table = {c.batch_size: c for c in k_table(snap)}
+        config = recommended_config(snap)
+    finally:
+        shutdown(spec)
+    assert set(table) == {1, 8} and config is not None, table
+    draft = {"method": "draft_model", "model": str(tiny["deep01-draft"])}
+    followed = specscope.LLM(str(tiny["deep01-target"]), specscope_hub=Hub(), **DEEP,
+                             speculative_config={**draft, **config})
+    zero = specscope.LLM(str(tiny["deep01-target"]), specscope_hub=Hub(), **DEEP, speculative_config={
+        **draft, "num_speculative_tokens": 1, "num_speculative_tokens_per_batch_size": [[1, 256, 0]]})
+    try:
+        ratios: dict[str, dict[int, list[float]]] = {"followed": {1: [], 8: []}, "zero": {1: [], 8: []}}
+        for r in range(3):  # medians of three: this machine has slow spells of seconds
+            for b in (1, 8):
+                engines = [("plain", plain), ("followed", followed), ("zero", zero)]
+                tok_s = {name: steady(llm, b) for name, llm in (engines if r % 2 == 0 else engines[::-1])}
+                for name in ratios:
+                    ratios[name][b].append(tok_s[name] / tok_s["plain"])
+        for b, c in table.items():
+            followed_x, zero_x = statistics.median(ratios["followed"][b]), statistics.median(ratios["zero"][b])
+            print(f"batch {b}: schedule K={c.k} promised {c.speedup:.2f}x, measured {followed_x:.2f}x; "
+                  f"K=0 priced {c.k0_speedup:.2f}x, measured {zero_x:.2f}x")
+            assert followed_x == pytest.approx(c.speedup, rel=0.2)
+            assert zero_x < 0.95 and zero_x == pytest.approx(c.k0_speedup, rel=0.2)
+    finally:
+        shutdown(followed)
+        shutdown(zero)
+
+
 def test_prompts_longer_than_the_prefill_chunk_are_not_timed_as_decode(tiny: dict[str, Path]) -> None:
     """Steps that carry prefill are set apart from the decode steps that c comes from: with long prompts, one
     request at a time, the decode steps specscope timed add up to vLLM's own per-request decode time (first to last
