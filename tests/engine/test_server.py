@@ -93,7 +93,7 @@ def server(tiny: Any, engines: Any, tmp_path_factory: Any, receiver: HttpReceive
            "SPECSCOPE_BASELINE": str(baseline),
            # specscope's OTLP export, and vLLM's own request spans, to the same collector; spans sent promptly.
            "SPECSCOPE_OTLP": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "200",
-           "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}
+           "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "SPECSCOPE_CLASS_HEADER": "X-Tenant"}
     spec = {"method": "draft_model", "model": DRAFT, "num_speculative_tokens": 4}
     proc = start_server(server_command(TARGET, spec, port, "--api-key", KEY, "--otlp-traces-endpoint",
                                        f"{receiver.endpoint}/v1/traces"), env, root / "server.log")
@@ -306,3 +306,34 @@ def test_request_spans_continue_the_callers_trace_and_link_to_vllms_span(server:
         time.sleep(0.5)
     else:
         raise AssertionError("specscope's span for the second request never arrived")
+
+
+def test_each_request_s_traffic_class_comes_from_its_headers(server: tuple[str, int]) -> None:
+    """baggage's ``traffic_class`` first, then the operator's header (``SPECSCOPE_CLASS_HEADER=X-Tenant``), else the
+    prompt-length bucket; on completions, streams and chat alike."""
+    url, _ = server
+    model = httpx.get(f"{url}/v1/models", headers=AUTH, timeout=10).json()["data"][0]["id"]
+    body = {"model": model, "max_tokens": 16, "temperature": 0, "ignore_eos": True}
+    sent: dict[str, str | None] = {}
+    for prompt, headers, want in [("river stone garden light", {"baggage": "user=1,traffic_class=code"}, "code"),
+                                  ("engine token draft model", {"X-Tenant": "acme"}, "acme"),
+                                  ("window signal metric", {"baggage": "traffic_class=code", "X-Tenant": "acme"},
+                                   "code"),
+                                  ("stone river light", {"X-Tenant": "not a label"}, None)]:
+        r = httpx.post(f"{url}/v1/completions", headers={**AUTH, **headers}, json={**body, "prompt": prompt},
+                       timeout=120).json()
+        sent[f"{r['id']}-0"] = want
+    streamed = []
+    with httpx.stream("POST", f"{url}/v1/completions", headers={**AUTH, "X-Tenant": "streamer"}, timeout=120,
+                      json={**body, "prompt": "light garden", "stream": True}) as r:
+        streamed = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    sent[f"{streamed[-1]['id']}-0"] = "streamer"
+    chat = httpx.post(f"{url}/v1/chat/completions", headers={**AUTH, "baggage": "traffic_class=chat%2Fsupport"},
+                      timeout=120, json={**body, "messages": [{"role": "user", "content": "stone river"}]}).json()
+    sent[chat["id"]] = "chat/support"
+    snap = settle(url)
+    recs = {r["request_id"]: r for r in snap["requests"] if r["request_id"] in sent}
+    assert {rid: r["traffic_class"] for rid, r in recs.items()} == sent
+    unlabelled = next(r for rid, r in recs.items() if sent[rid] is None)
+    assert unlabelled["prompt_tokens"] < 256  # its class is its prompt-length bucket, prompt:<256
+
