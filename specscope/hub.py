@@ -12,6 +12,7 @@ Memory is bounded: lifetime totals are counters, windows are rings of one-second
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -20,9 +21,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from specscope import classes
 from specscope.counts import Counts, EngineStream, StepBatch, StepStats
 from specscope.merge import combine_kv
 from specscope.model import (
+    ClassCounts,
     CostRatio,
     EngineInfo,
     EngineView,
@@ -33,8 +36,9 @@ from specscope.model import (
     Snapshot,
     StepProfile,
     TokenizerStatus,
+    TrafficClass,
 )
-from specscope.request_log import PENDING_TIMEOUT_S, RequestLog
+from specscope.request_log import PENDING_TIMEOUT_S, RequestLog, add_record, class_counts
 
 __all__ = ["GpuSource", "Hub", "Listener", "StepStats", "default_hub"]
 
@@ -99,6 +103,7 @@ class Hub:
         history_s: float = 900.0,
         gpu_poll_s: float = 2.0,
         clock: Callable[[], float] = time.time,
+        max_classes: int | None = None,
     ) -> None:
         if window_s <= 0 or max_requests <= 0 or history_s <= 0:
             raise ValueError("window_s, max_requests and history_s must be positive")
@@ -114,7 +119,7 @@ class Hub:
         self._cost_ratio: CostRatio | None = None
         self._baseline: StepProfile | None = None
         self._baseline_problem: str | None = None
-        self._requests = RequestLog(max_requests)
+        self._requests = RequestLog(max_requests, _max_classes() if max_classes is None else max_classes)
         self._errors: dict[str, int] = {}
         self._unavailable: set[str] = set()
         self._last_error: str | None = None
@@ -407,6 +412,8 @@ class Hub:
                 attributed=requests.attribution(),
                 unavailable=tuple(sorted(self._unavailable)),
                 latency_by_operation=requests.latency_by_operation(),
+                classes=_classes(requests, now - window_len),
+                folded_classes=requests.folded_classes(),
             )
 
     # ----------------------------------------------------------------- internals
@@ -482,3 +489,39 @@ def default_hub() -> Hub:
         if _default is None:
             _default = Hub()
         return _default
+
+
+def _max_classes() -> int:
+    """``SPECSCOPE_MAX_CLASSES`` (a positive integer), else :data:`classes.MAX_CLASSES`."""
+    raw = os.environ.get("SPECSCOPE_MAX_CLASSES", "").strip()
+    if not raw:
+        return classes.MAX_CLASSES
+    try:
+        value = int(raw)
+        if value < 1:
+            raise ValueError
+    except ValueError:
+        log.warning("specscope: SPECSCOPE_MAX_CLASSES=%r is not a positive integer; using %d", raw,
+                    classes.MAX_CLASSES)
+        return classes.MAX_CLASSES
+    return value
+
+
+def _classes(requests: RequestLog, since: float) -> tuple[TrafficClass, ...]:
+    """Each class's lifetime counts, and its window's from the final records kept that finished since ``since``
+    (newest first, until the first older one)."""
+    lifetime = requests.class_totals()
+    if not lifetime:
+        return ()
+    rows: dict[str, list[int]] = {}
+    for rec in reversed(requests.recent.values()):
+        if rec.finished_at < since:
+            break
+        key = requests.class_key(rec.class_name) if rec.final_seq else None
+        if key is not None:
+            add_record(rows.setdefault(key, [0, 0, 0, 0]), rec)
+    empty = ClassCounts()
+    out = [TrafficClass(name, class_counts(r) if (r := rows.get(name)) else empty, life)
+           for name, life in lifetime.items() if life.requests]
+    return tuple(sorted(out, key=lambda c: (-c.lifetime.requests, c.name)))
+

@@ -8,11 +8,13 @@ the process that heard from that engine last; request records are the newest of 
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import replace
 
 from specscope.model import (
     Attribution,
+    ClassCounts,
     EngineInfo,
     EngineView,
     Health,
@@ -25,6 +27,7 @@ from specscope.model import (
     StepProfile,
     StepTime,
     Totals,
+    TrafficClass,
 )
 
 
@@ -154,6 +157,24 @@ def _add_latency(snaps: Sequence[Snapshot]) -> tuple[OperationLatency, ...]:
     return tuple(ops[k] for k in sorted(ops))
 
 
+def _add_counts(a: ClassCounts, b: ClassCounts) -> ClassCounts:
+    n = max(len(a.accepted_by_position), len(b.accepted_by_position))
+    pa, pb = (tuple(p) + (0,) * (n - len(p)) for p in (a.accepted_by_position, b.accepted_by_position))
+    return ClassCounts(a.requests + b.requests, a.spec_steps + b.spec_steps, a.draft_tokens + b.draft_tokens,
+                       a.accepted + b.accepted, tuple(map(operator.add, pa, pb)))
+
+
+def _add_classes(snaps: Sequence[Snapshot]) -> tuple[TrafficClass, ...]:
+    """Each traffic class summed over the processes, by name (most requests first)."""
+    out: dict[str, TrafficClass] = {}
+    for s in snaps:
+        for c in s.classes:
+            mine = out.get(c.name)
+            out[c.name] = c if mine is None else TrafficClass(
+                c.name, _add_counts(mine.window, c.window), _add_counts(mine.lifetime, c.lifetime))
+    return tuple(sorted(out.values(), key=lambda c: (-c.lifetime.requests, c.name)))
+
+
 def merge(snaps: Sequence[Snapshot], max_requests: int = 1000) -> Snapshot:
     """One snapshot of a server from its processes' snapshots (the first is this process's own, fresh one)."""
     if len(snaps) == 1:
@@ -199,4 +220,6 @@ def merge(snaps: Sequence[Snapshot], max_requests: int = 1000) -> Snapshot:
         attributed=attributed,
         unavailable=tuple(sorted({u for s in snaps for u in s.unavailable})),
         latency_by_operation=_add_latency(snaps),
+        classes=_add_classes(snaps),
+        folded_classes=sum(s.folded_classes for s in snaps),
     )

@@ -503,6 +503,51 @@ class EngineView:
 
 
 @dataclass(frozen=True, slots=True)
+class ClassCounts:
+    """Speculative counts of one traffic class's finished requests (summed from their records)."""
+
+    requests: int = 0
+    spec_steps: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+    #: Accepted tokens at each draft position (from the requests' acceptance histograms).
+    accepted_by_position: tuple[int, ...] = ()
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """accepted / drafted; None before anything was drafted."""
+        return acc.acceptance_rate(self.accepted, self.draft_tokens) if self.draft_tokens else None
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """Tokens a request of this class gains per speculative step (1 + accepted / steps)."""
+        return acc.mean_acceptance_length(self.accepted, self.spec_steps) if self.spec_steps else None
+
+    @property
+    def per_position(self) -> tuple[float, ...]:
+        """Acceptance at each draft position: accepted there / speculative steps."""
+        if not self.spec_steps:
+            return ()
+        return tuple(a / self.spec_steps for a in self.accepted_by_position)
+
+
+@dataclass(frozen=True, slots=True)
+class TrafficClass:
+    """Acceptance of one traffic class (:mod:`specscope.classes`), over the window and the engine's life."""
+
+    name: str
+    window: ClassCounts
+    lifetime: ClassCounts
+
+    @property
+    def kind(self) -> str:
+        """``prompt length`` (a built-in bucket), ``model`` (a served LoRA adapter) or ``class`` (sent with it)."""
+        if self.name in classes.PROMPT_BUCKETS:
+            return "prompt length"
+        return "model" if self.name.startswith("model:") else "class"
+
+
+@dataclass(frozen=True, slots=True)
 class Attribution:
     """Speculative counts summed over the finished requests' records, to set against the engines' counters: what
     is left is in flight, or was aborted (vLLM keeps no per-request numbers for an aborted request)."""
@@ -573,6 +618,10 @@ class Snapshot:
     reported: tuple[tuple[str, float], ...] = ()
     #: The three latency histograms above, split by GenAI operation (where the requests' records say which).
     latency_by_operation: tuple[OperationLatency, ...] = ()
+    #: Acceptance by traffic class, most requests first; class names past the hub's limit are counted as
+    #: :data:`specscope.classes.OTHER`, and how many distinct names were folded so is ``folded_classes``.
+    classes: tuple[TrafficClass, ...] = ()
+    folded_classes: int = 0
 
     def known(self, what: str, value: Any) -> Any:
         """``value``, or None where the source cannot provide ``what`` (it is in :attr:`unavailable`)."""
@@ -621,7 +670,9 @@ _DERIVED: dict[type, tuple[str, ...]] = {
         "alpha_position0",
     ),
     Totals: ("generation_tokens_per_s", "drafted_tokens_per_s", "accepted_tokens_per_s", "prefix_cache_hit_rate"),
-    RequestRecord: ("acceptance_rate", "mean_acceptance_length"),
+    RequestRecord: ("acceptance_rate", "mean_acceptance_length", "class_name"),
+    ClassCounts: ("acceptance_rate", "mean_acceptance_length", "per_position"),
+    TrafficClass: ("kind",),
     KVCache: ("capacity_tokens", "blocks_used", "token_usage", "fragmentation"),
     GpuDevice: ("used_fraction",),
     GpuMemory: ("available",),

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from specscope import classes
 from specscope.model import (
     ACCEPTANCE_LENGTH_BOUNDS,
     ACCEPTANCE_RATE_BOUNDS,
@@ -26,6 +27,7 @@ from specscope.model import (
     TPOT_BOUNDS,
     TTFT_BOUNDS,
     Attribution,
+    ClassCounts,
     Histogram,
     OperationLatency,
     PositionAcceptance,
@@ -58,8 +60,9 @@ class _Hist:
 class RequestLog:
     """Request records: parts joined, final ones numbered and observed, the last ``max_requests`` kept."""
 
-    def __init__(self, max_requests: int) -> None:
+    def __init__(self, max_requests: int, max_classes: int = classes.MAX_CLASSES) -> None:
         self.max_requests = max_requests
+        self.max_classes = max_classes
         self.parts_expected = 1
         self.recent: OrderedDict[str, RequestRecord] = OrderedDict()
         self._pending: OrderedDict[str, float] = OrderedDict()  # records waiting for a part, and since when
@@ -76,6 +79,9 @@ class RequestLog:
         self._attributed = [0, 0, 0, 0]  # requests, spec steps, draft tokens, accepted
         self._positions = [[0, 0] for _ in range(len(OUTPUT_POSITION_BOUNDS) + 1)]  # [drafted, accepted]
         self._positions_seen = False
+        #: class name -> [requests, spec steps, draft tokens, accepted, accepted at position 0, 1, ...]
+        self._classes: dict[str, list[int]] = {}
+        self._folded: set[str] = set()
 
     def add_part(self, request_id: str, now: float, fields: dict[str, Any]) -> list[RequestRecord]:
         """Add one source's part of a request; returns the records that became final."""
@@ -157,6 +163,34 @@ class RequestLog:
         """Speculative counts summed over every final record so far (not only the kept ones)."""
         return Attribution(*self._attributed)
 
+    def class_key(self, name: str | None) -> str | None:
+        """Where a request of class ``name`` is counted: its name, or :data:`classes.OTHER` past the limit (the
+        prompt-length buckets always have their own)."""
+        if name is None or name in self._classes or name in classes.PROMPT_BUCKETS:
+            return name
+        named = sum(1 for n in self._classes if n not in classes.PROMPT_BUCKETS and n != classes.OTHER)
+        if named < self.max_classes:
+            return name
+        self._folded.add(name)
+        return classes.OTHER
+
+    def class_totals(self) -> dict[str, ClassCounts]:
+        """Every final record's counts so far, by class."""
+        return {name: class_counts(row) for name, row in self._classes.items()}
+
+    def folded_classes(self) -> int:
+        """Distinct class names counted as :data:`classes.OTHER`."""
+        return len(self._folded)
+
+    def _count_class(self, rec: RequestRecord, sign: int) -> None:
+        key = self.class_key(rec.class_name)
+        if key is None:
+            return
+        row = self._classes.get(key)
+        if row is None:
+            row = self._classes[key] = [0, 0, 0, 0]
+        add_record(row, rec, sign)
+
     def _finalize(self, rec: RequestRecord) -> RequestRecord:
         self._final_seq += 1
         if rec.final_seq != self._final_seq:
@@ -164,6 +198,7 @@ class RequestLog:
             self.recent[rec.request_id] = rec
         self._observe(rec, _NOTHING)
         self._attributed[0] += 1
+        self._count_class(rec, 1)
         return rec
 
     def _amend(self, old: RequestRecord, new: RequestRecord) -> None:
@@ -171,6 +206,8 @@ class RequestLog:
         to the histograms and sums; the request is not counted again and not published again."""
         self.recent[new.request_id] = new
         self._observe(new, old)
+        self._count_class(old, -1)
+        self._count_class(new, 1)
 
     def _observe(self, rec: RequestRecord, before: RequestRecord) -> None:
         """Add to the histograms each value ``rec`` has that ``before`` did not, and to the sums their difference."""
@@ -190,6 +227,27 @@ class RequestLog:
         att[1] += (rec.spec_steps or 0) - (before.spec_steps or 0)
         att[2] += (rec.draft_tokens or 0) - (before.draft_tokens or 0)
         att[3] += (rec.accepted_tokens or 0) - (before.accepted_tokens or 0)
+
+
+def add_record(row: list[int], rec: RequestRecord, sign: int = 1) -> None:
+    """Add (or with ``sign`` -1, take away) one request's counts to a class's ``row``."""
+    row[0] += sign
+    row[1] += sign * (rec.spec_steps or 0)
+    row[2] += sign * (rec.draft_tokens or 0)
+    row[3] += sign * (rec.accepted_tokens or 0)
+    hist = rec.acceptance_histogram
+    if hist:
+        # Steps that accepted exactly j tokens accepted one at each position below j.
+        for pos, accepted in enumerate(itertools.accumulate(reversed(hist[1:]))):
+            i = len(hist) - 2 - pos + 4
+            while len(row) <= i:
+                row.append(0)
+            row[i] += sign * accepted
+
+
+def class_counts(row: list[int]) -> ClassCounts:
+    """A class's counts from its row (see :func:`add_record`)."""
+    return ClassCounts(row[0], row[1], row[2], row[3], tuple(row[4:]))
 
 
 #: A record with nothing known (what a new record is observed against).

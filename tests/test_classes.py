@@ -1,0 +1,106 @@
+"""Traffic classes: names, counting by class (windowed, lifetime, folded), merging, the snapshot's JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from specscope import classes
+from specscope.hub import Hub
+from specscope.merge import merge
+from specscope.model import RequestRecord, Snapshot
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def record(hub: Hub, rid: str, cls: str | None, hist: tuple[int, ...], prompt_tokens: int = 10, **kw: Any) -> None:
+    """A finished request whose steps accepted ``j`` tokens ``hist[j]`` times, K = len(hist) - 1."""
+    k = len(hist) - 1
+    hub.record_request(rid, traffic_class=cls, prompt_tokens=prompt_tokens, spec_steps=sum(hist),
+                       draft_tokens=k * sum(hist), accepted_tokens=sum(j * n for j, n in enumerate(hist)),
+                       acceptance_histogram=hist, **kw)
+
+
+def test_class_names_are_labels_of_safe_characters() -> None:
+    assert classes.clean(" code/python ") == "code/python" and classes.clean("tenant:acme-1") == "tenant:acme-1"
+    for bad in ("", "two words", "x" * 49, "-leading", "ünïcode", None, 7, "a\nb"):
+        assert classes.clean(bad) is None, bad
+    assert classes.from_baggage("userId=alice, traffic_class=code%2Fsql;ttl=3") == "code/sql"
+    assert classes.from_baggage("traffic_class=") is None and classes.from_baggage("other=1") is None
+    assert classes.from_headers({"baggage": "traffic_class=a", "x-tenant": "b"}, "X-Tenant") == "a"
+    assert classes.from_headers({"baggage": "k=v", "x-tenant": "b"}, "X-Tenant") == "b"
+    assert [classes.prompt_bucket(n) for n in (None, 0, 255, 256, 2047, 2048, 8191, 8192)] == [
+        None, "prompt:<256", "prompt:<256", "prompt:256-2k", "prompt:256-2k", "prompt:2k-8k", "prompt:2k-8k",
+        "prompt:>=8k"]
+    assert RequestRecord("r", 1, 0.0, prompt_tokens=3000).class_name == "prompt:2k-8k"
+    assert RequestRecord("r", 1, 0.0, prompt_tokens=3000, traffic_class="chat").class_name == "chat"
+
+
+def test_counts_by_class_window_and_lifetime_sum_to_the_requests() -> None:
+    clock = Clock()
+    hub = Hub(window_s=10, clock=clock)
+    record(hub, "old", "code", (4, 0, 0, 0, 0))
+    clock.t += 30  # out of the window
+    record(hub, "a", "code", (1, 0, 0, 1, 0))  # one step kept nothing, one kept 3
+    record(hub, "b", "chat", (0, 0, 0, 0, 2))
+    record(hub, "c", None, (0, 1, 0, 0, 0), prompt_tokens=300)
+    snap = hub.snapshot()
+    by = {c.name: c for c in snap.classes}
+    assert set(by) == {"code", "chat", "prompt:256-2k"} and snap.classes[0].name == "code"  # most requests first
+    code = by["code"]
+    assert (code.lifetime.requests, code.lifetime.draft_tokens, code.lifetime.accepted) == (2, 24, 3)
+    assert (code.window.requests, code.window.spec_steps, code.window.draft_tokens, code.window.accepted) == (
+        1, 2, 8, 3)
+    assert code.window.accepted_by_position == (1, 1, 1, 0) and code.window.per_position == (0.5, 0.5, 0.5, 0.0)
+    assert code.window.acceptance_rate == pytest.approx(3 / 8) and code.window.mean_acceptance_length == 2.5
+    assert by["chat"].window.acceptance_rate == 1.0 and by["chat"].kind == "class"
+    assert by["prompt:256-2k"].kind == "prompt length"
+    # The classes add up to what the requests drafted and accepted (the attribution of every final record).
+    assert sum(c.lifetime.draft_tokens for c in snap.classes) == snap.attributed.draft_tokens  # type: ignore[union-attr]
+    assert sum(c.lifetime.accepted for c in snap.classes) == snap.attributed.accepted  # type: ignore[union-attr]
+
+
+def test_classes_past_the_limit_are_folded_into_other_and_counted() -> None:
+    hub = Hub(max_classes=2)
+    for i, name in enumerate(["a", "b", "c", "d", "a", "c"]):
+        record(hub, f"r{i}", name, (1, 1))
+    record(hub, "long", None, (0, 1), prompt_tokens=9000)  # prompt-length buckets are always kept
+    snap = hub.snapshot()
+    assert {c.name: c.lifetime.requests for c in snap.classes} == {"a": 2, "b": 1, "other": 3, "prompt:>=8k": 1}
+    assert snap.folded_classes == 2  # c and d
+
+
+def test_a_late_part_moves_a_request_to_the_class_it_brings_and_counts_it_once() -> None:
+    clock = Clock()
+    hub = Hub(clock=clock)
+    hub.expect_request_parts(2)
+    hub.record_request("r", prompt_tokens=10, spec_steps=2, draft_tokens=8, accepted_tokens=4,
+                       acceptance_histogram=(1, 0, 0, 0, 1))
+    clock.t += Hub.PENDING_TIMEOUT_S + 1
+    hub.record_request("other", prompt_tokens=5)  # releases "r" as it is: counted in its prompt-length bucket
+    hub.record_request("r", traffic_class="code")  # its late part says which class it was
+    by = {c.name: c.lifetime for c in hub.snapshot().classes}
+    assert by["code"].requests == 1 and by["code"].accepted == 4 and by["code"].accepted_by_position == (1, 1, 1, 1)
+    assert "prompt:<256" not in by or by["prompt:<256"].accepted == 0
+
+
+def test_classes_merge_by_name_and_survive_the_json_codec() -> None:
+    one, two = Hub(), Hub()
+    record(one, "a", "code", (1, 1))
+    record(two, "b", "code", (0, 0, 1))
+    record(two, "c", "chat", (0, 1))
+    merged = merge([one.snapshot(), two.snapshot()])
+    by = {c.name: c for c in merged.classes}
+    assert by["code"].lifetime.requests == 2 and by["code"].lifetime.accepted_by_position == (2, 1)
+    assert by["code"].window.draft_tokens == 2 + 2 * 1
+    back = Snapshot.from_dict(json.loads(json.dumps(merged.to_dict())))
+    assert back.classes == merged.classes and back.folded_classes == merged.folded_classes
+    assert merged.to_dict()["classes"][0]["window"]["acceptance_rate"] is not None
