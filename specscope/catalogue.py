@@ -4,8 +4,9 @@ Each :class:`Metric` has its OpenTelemetry name, instrument kind, unit (UCUM), d
 a reader that takes its values from a :class:`~specscope.model.Snapshot`. The OpenTelemetry instruments, the
 Prometheus collector, the alert rules and the dashboard labels are all generated from :data:`METRICS`; the
 Prometheus name is derived from the OpenTelemetry one by OpenTelemetry's own translation rules
-(:func:`prometheus_name`). Attributes are bounded: server, engine, model, draft, method, position, state — never
-a request id or any text. ``engine`` means what it means in vLLM's own metrics, the data-parallel engine index:
+(:func:`prometheus_name`). Attributes are bounded: server, engine, model, draft, method, position, state,
+traffic_class (at most ``SPECSCOPE_MAX_CLASSES`` names and the prompt-length buckets) — never a request id or any
+text. ``engine`` means what it means in vLLM's own metrics, the data-parallel engine index:
 metrics of an engine's steps (speculative counts, windowed rates, the verdict, KV cache, queue) have one series
 per engine; those of the server (the tokenizer check, per-request histograms, GPU, health) have none.
 """
@@ -18,7 +19,7 @@ from typing import Any, Literal
 
 from specscope import model
 from specscope.diagnostics import draft_kv_cost, estimate
-from specscope.model import TOKENIZER_VERDICTS, EngineInfo, Histogram, RequestRecord, Snapshot
+from specscope.model import TOKENIZER_VERDICTS, EngineInfo, Histogram, RequestRecord, Snapshot, TrafficClass
 
 Kind = Literal["counter", "gauge", "updowncounter", "histogram"]
 Attrs = dict[str, str]
@@ -29,6 +30,7 @@ Sample = tuple[Attrs, float | Histogram]
 SERVER_ATTRS = ("server", "model", "draft_model", "method")
 #: ... and on every metric of one engine's steps: vLLM's data-parallel engine index too.
 ENGINE_ATTRS = (*SERVER_ATTRS, "engine")
+CLASS_ATTRS = (*SERVER_ATTRS, "traffic_class")
 
 
 
@@ -133,6 +135,17 @@ def _per_position(values: Callable[[Snapshot], tuple[float | int, ...] | None]) 
     def read(snap: Snapshot, attrs: Attrs) -> Iterator[Sample]:
         for i, v in enumerate(values(snap) or ()):
             yield {**attrs, "position": str(i)}, float(v)
+
+    return read
+
+
+def _per_class(value: Callable[[TrafficClass], float | int | None]) -> Reader:
+    """One sample per traffic class (bounded: the hub folds names past its limit into ``other``)."""
+    def read(snap: Snapshot, attrs: Attrs) -> Iterator[Sample]:
+        for c in snap.classes:
+            v = value(c)
+            if v is not None:
+                yield {**attrs, "traffic_class": c.name}, float(v)
 
     return read
 
@@ -266,6 +279,20 @@ METRICS: tuple[Metric, ...] = (
            "The number of speculative tokens that maximises the expected speedup; 0: remove speculative_config (a "
            "K = 0 range in vLLM's schedule still runs the draft).",
            _one(lambda s: _speedup(s, "best_k"))),
+    # --- traffic classes (specscope.classes): the server's finished requests by class
+    Metric("specscope.class.requests", "counter", "{request}",
+           "Finished requests of each traffic class (baggage traffic_class, the operator's header, the LoRA "
+           "adapter, or the prompt-length bucket).",
+           _per_class(lambda c: c.lifetime.requests), CLASS_ATTRS),
+    Metric("specscope.class.draft_tokens", "counter", "{token}",
+           "Draft tokens proposed for each traffic class's finished requests.",
+           _per_class(lambda c: c.lifetime.draft_tokens), CLASS_ATTRS),
+    Metric("specscope.class.accepted_tokens", "counter", "{token}",
+           "Draft tokens accepted for each traffic class's finished requests.",
+           _per_class(lambda c: c.lifetime.accepted), CLASS_ATTRS),
+    Metric("specscope.class.acceptance_rate", "gauge", "1",
+           "Accepted / drafted of each traffic class's requests finished in the window (absent before it drafts).",
+           _per_class(lambda c: c.window.acceptance_rate), CLASS_ATTRS),
     # --- KV cache
     Metric("specscope.kv_cache.block_usage", "gauge", "1",
            "KV-cache blocks in use / usable blocks (vLLM's kv_cache_usage).",

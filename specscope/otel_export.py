@@ -300,6 +300,7 @@ class OtelExporter:
             ("specscope.spec_decode.accepted_tokens", rec.accepted_tokens),
             ("specscope.spec_decode.acceptance_rate", rec.acceptance_rate),
             ("specscope.spec_decode.acceptance_length", rec.mean_acceptance_length),
+            ("specscope.traffic_class", rec.class_name),
         )
         attrs.update({k: v for k, v in optional if v is not None})
         span = self._tracer.start_span(f"{rec.operation_name} {info.model or ''}".strip(), kind=SpanKind.SERVER,

@@ -104,3 +104,24 @@ def test_classes_merge_by_name_and_survive_the_json_codec() -> None:
     back = Snapshot.from_dict(json.loads(json.dumps(merged.to_dict())))
     assert back.classes == merged.classes and back.folded_classes == merged.folded_classes
     assert merged.to_dict()["classes"][0]["window"]["acceptance_rate"] is not None
+
+
+def test_the_class_rule_fires_for_the_weak_class_only_and_says_what_the_aggregate_hides() -> None:
+    from specscope.alerts.evaluate import Evaluator
+    from specscope.alerts.rules import Thresholds
+
+    hub = Hub()
+    for i in range(10):
+        record(hub, f"chat{i}", "chat", (2, 0, 0, 0, 8))  # 32 of 40 accepted
+    for i in range(4):
+        record(hub, f"code{i}", "code", (12, 2, 0, 0, 0))  # 2 of 56 accepted
+    record(hub, "rare", "rare", (3, 0, 0, 0, 0))  # accepts nothing, but 12 drafts are too few to judge
+    alerts = Evaluator(hub, thresholds=Thresholds(weak_draft_for_s=0, weak_draft_min_draft_tokens=50)).evaluate()
+    firing = [a for a in alerts if a.state == "firing"]
+    assert [(a.rule, dict(a.labels)["traffic_class"]) for a in firing] == [("SpecscopeWeakDraftForClass", "code")]
+    (code,) = firing
+    assert code.value == pytest.approx(2 / 56)
+    assert "class code (26.7% of the window's requests) accepted 3.6% " in code.description  # 4 of 15 requests
+    assert "against 77.7% for the other classes" in code.description and "a code draft" in code.description
+    # No classes (or no drafts) in a snapshot: nothing to evaluate, nothing fires.
+    assert Evaluator(Hub(), thresholds=Thresholds(weak_draft_for_s=0)).evaluate() == []

@@ -109,6 +109,7 @@ def test_every_catalogue_metric_and_every_request_span_arrives(receiver: Any) ->
         span, a = spans[rec.request_id]
         assert a["specscope.spec_decode.acceptance_rate"] == rec.acceptance_rate
         assert a["specscope.spec_decode.acceptance_length"] == rec.mean_acceptance_length
+        assert a["specscope.traffic_class"] == rec.class_name is not None
         assert (a["specscope.spec_decode.steps"], a["specscope.spec_decode.draft_tokens"],
                 a["specscope.spec_decode.accepted_tokens"]) == (rec.spec_steps, rec.draft_tokens, rec.accepted_tokens)
         assert (a["gen_ai.usage.input_tokens"], a["gen_ai.usage.output_tokens"]) == (

@@ -75,9 +75,12 @@ class Evaluator:
         changed: list[Alert] = []
         server = server_attrs(snap)
         engines = [(index, {**server, "engine": index}, view) for index, view in engine_views(snap)]
+        classes = [(f"class:{c.name}", {**server, "traffic_class": c.name},
+                    replace(snap, classes=(c, *(o for o in snap.classes if o is not c)))) for c in snap.classes]
         with self._lock:
             for rule in self.rules:
-                subjects = engines if rule.per_engine and engines else [("", server, snap)]
+                subjects = (classes if rule.per_class else engines if rule.per_engine and engines
+                            else [("", server, snap)])
                 for engine, labels, view in subjects:
                     try:
                         active = rule.firing(view, t)

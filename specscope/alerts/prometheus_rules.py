@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from specscope.alerts.recording import SPECSCOPE, VLLM, duration
+from specscope.alerts.recording import SPECSCOPE, VLLM, class_rules, duration
 from specscope.alerts.rules import RULES, Thresholds, static_summary
 
 
@@ -30,7 +30,7 @@ def rule_groups(thresholds: Thresholds | None = None, vllm_only: bool = False) -
                                "runbook_url": r.runbook_url}
         rules.append(rule)
     name = "specscope-vllm" if vllm_only else "specscope"
-    records = (VLLM if vllm_only else SPECSCOPE).rules(t.window_s)
+    records = VLLM.rules(t.window_s) if vllm_only else SPECSCOPE.rules(t.window_s) + class_rules(t.window_s)
     return {"groups": [{"name": f"{name}-records", "interval": "15s", "rules": records},
                        {"name": name, "interval": "15s", "rules": rules}]}
 

@@ -6,6 +6,9 @@ specscope's exported ``specscope_spec_decode_*`` (labels ``server``, ``model``, 
 ``job``, ``instance``, the engine index and any target labels) and per model across the fleet (summed over
 servers and engines before dividing, so busy engines weigh more). The alerting rules read these series.
 
+Per traffic class (specscope's export only) the same rates are recorded by class, with the class's share of its
+server's requests (:func:`class_rules`).
+
 Names follow Prometheus' ``level:metric:operations`` convention, e.g.
 ``engine:vllm_spec_decode_acceptance_rate:rate1m`` and ``model_name:vllm_spec_decode_acceptance_rate:rate1m``.
 """
@@ -72,6 +75,31 @@ class Source:
             ]
         return out
 
+
+#: Per-traffic-class series (specscope's export only: vLLM's counters are engine-wide).
+CLASS = "traffic_class"
+
+
+def class_series(what: str, window_s: float) -> str:
+    """A recorded per-class series: ``traffic_class:specscope_class_<what>:rate<window>``."""
+    return f"{CLASS}:specscope_class_{what}:rate{duration(window_s)}"
+
+
+def class_rules(window_s: float) -> list[dict[str, Any]]:
+    """Per traffic class: requests, drafts and accepted tokens per second, acceptance, and the class's share of
+    its server's requests (every label of the scraped series kept)."""
+    w = duration(window_s)
+
+    def s(what: str) -> str:
+        return class_series(what, window_s)
+
+    return [
+        *({"record": s(what), "expr": f"rate({_p(f'specscope.class.{what}')}[{w}])"}
+          for what in ("requests", "draft_tokens", "accepted_tokens")),
+        {"record": s("acceptance_rate"), "expr": f"{s('accepted_tokens')} / {s('draft_tokens')}"},
+        {"record": s("request_share"),
+         "expr": f"{s('requests')} / ignoring({CLASS}) group_left() sum without({CLASS}) ({s('requests')})"},
+    ]
 
 VLLM = Source("vllm", "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total",
               "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_accepted_tokens_per_pos_total",

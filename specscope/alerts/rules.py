@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from specscope.alerts.recording import ENGINE, SPECSCOPE, VLLM, Source, duration
+from specscope.alerts.recording import ENGINE, SPECSCOPE, VLLM, Source, class_series, duration
 from specscope.catalogue import exported_name as _p
 from specscope.diagnostics import allocator_waste, draft_kv_cost, estimate
 from specscope.model import Snapshot
@@ -118,6 +118,8 @@ class Rule:
     vllm_promql: Callable[[Thresholds], str] | None = None
     #: Evaluated on each data-parallel engine (its steps, its KV cache); False: once, for the server.
     per_engine: bool = True
+    #: Evaluated on each traffic class: the snapshot it sees has that class first in ``classes``.
+    per_class: bool = False
 
     @property
     def runbook_url(self) -> str:
@@ -178,6 +180,29 @@ def _tokenizer_rule(verdict: str, name: str, severity: str, *, summary: str, des
         advice=advice,
         per_engine=False,
     )
+
+
+def _weak_class(s: Snapshot, t: Thresholds) -> bool:
+    """The snapshot's first class drafted enough in the window and accepts below the weak-draft threshold."""
+    w = s.classes[0].window if s.classes else None
+    return (w is not None and w.draft_tokens >= t.weak_draft_min_draft_tokens and w.acceptance_rate is not None
+            and w.acceptance_rate < t.weak_draft_acceptance)
+
+
+def class_context(s: Snapshot) -> tuple[float | None, float | None]:
+    """``(share of the window's requests, acceptance of the other classes)`` for the snapshot's first class."""
+    if not s.classes:
+        return None, None
+    first, rest = s.classes[0].window, [c.window for c in s.classes[1:]]
+    total = first.requests + sum(c.requests for c in rest)
+    drafted = sum(c.draft_tokens for c in rest)
+    return (first.requests / total if total else None,
+            sum(c.accepted for c in rest) / drafted if drafted else None)
+
+
+def _weak_class_promql(t: Thresholds) -> str:
+    return (f"{class_series('acceptance_rate', t.window_s)} < {t.weak_draft_acceptance} and "
+            f"{class_series('draft_tokens', t.window_s)} * {t.window_s:g} >= {t.weak_draft_min_draft_tokens}")
 
 
 def _not_paying(s: Snapshot, t: Thresholds) -> bool:
@@ -245,6 +270,23 @@ RULES: tuple[Rule, ...] = (
         for_s=lambda t: t.weak_draft_for_s,
         advice="Use a draft better matched to the target, lower K, or turn speculation off.",
         threshold=lambda t: t.weak_draft_acceptance,
+    ),
+    Rule(
+        name="SpecscopeWeakDraftForClass",
+        severity="warning",
+        summary="Traffic class {traffic_class} accepts under {threshold} of its draft tokens",
+        description="Requests of class {traffic_class} ({class_share} of the window's requests) accepted {value} "
+                    "of their draft tokens (mean acceptance length {class_length}), against {rest_rate} for the "
+                    "other classes: the engine-wide acceptance hides it.",
+        value=lambda s: s.classes[0].window.acceptance_rate if s.classes else None,
+        firing=_weak_class,
+        promql=_weak_class_promql,
+        for_s=lambda t: t.weak_draft_for_s,
+        advice="Use a draft trained for this traffic (for code, a code draft), or route this class to an engine "
+               "without speculation.",
+        threshold=lambda t: t.weak_draft_acceptance,
+        per_engine=False,
+        per_class=True,
     ),
     Rule(
         name="SpecscopeAcceptanceCollapse",
@@ -392,6 +434,7 @@ BY_RULE: dict[str, Rule] = {r.name: r for r in RULES}
 def describe(rule: Rule, snap: Snapshot, t: Thresholds) -> tuple[str, str]:
     """(summary, description) with the live numbers filled in."""
     w = snap.window.spec
+    share, rest = class_context(snap)
 
     threshold = rule.threshold(t) if rule.threshold else None
     raw = rule.value(snap)
@@ -412,6 +455,11 @@ def describe(rule: Rule, snap: Snapshot, t: Thresholds) -> tuple[str, str]:
         "engine": str(div[0]) if (div := divergent_engine(snap, replace(t, divergence=0.0))) else "n/a",
         "engine_rate": percent(div[1] if div else None),
         "peer_rate": percent(div[2] if div else None),
+        "traffic_class": snap.classes[0].name if snap.classes else "n/a",
+        "class_share": percent(share),
+        "rest_rate": percent(rest),
+        "class_length": "n/a" if not snap.classes or (length := snap.classes[0].window.mean_acceptance_length) is None
+        else f"{length:.2f}",
     }
     return rule.summary.format(**values), f"{rule.description.format(**values)} {rule.advice}"
 
@@ -419,4 +467,5 @@ def describe(rule: Rule, snap: Snapshot, t: Thresholds) -> tuple[str, str]:
 def static_summary(rule: Rule, t: Thresholds) -> str:
     """The summary with the threshold filled in and no live value (for Prometheus' annotations)."""
     threshold = rule.threshold(t) if rule.threshold else None
-    return rule.summary.replace("{threshold}", "n/a" if threshold is None else f"{threshold:.0%}")
+    return (rule.summary.replace("{threshold}", "n/a" if threshold is None else f"{threshold:.0%}")
+            .replace("{traffic_class}", "{{ $labels.traffic_class }}"))

@@ -89,6 +89,15 @@ def vllm_drafting(model: str, accepted: int, engine: str = "0") -> list[dict[str
             series("vllm:spec_decode_num_drafts_total", lab, "0+75x40")]
 
 
+def class_drafting(cls: str, accepted: int, draft_tokens: int = 300) -> list[dict[str, str]]:
+    """specscope's per-class counters of server "m": ``draft_tokens`` and ``accepted`` tokens per 15 s."""
+    lab = {**labels("m"), "traffic_class": cls}
+    del lab["engine"]
+    return [series("specscope_class_accepted_tokens_total", lab, f"0+{accepted}x40"),
+            series("specscope_class_draft_tokens_total", lab, f"0+{draft_tokens}x40"),
+            series("specscope_class_requests_total", lab, "0+5x40")]
+
+
 def idle(model: str, engine: str = "0") -> list[dict[str, str]]:
     """An engine that drafted once (a low acceptance) and has been idle since: its counters stand still."""
     lab = labels(model, engine=engine)
@@ -106,6 +115,11 @@ CASES: dict[str, tuple[list[dict[str, str]], dict[str, str]]] = {
         *drafting("collapsed", 3),  # 1.04 tokens a step: its own, critical alert
         *idle("idle"),
     ], labels("bad")),
+    "SpecscopeWeakDraftForClass": ([
+        *class_drafting("code", 60),  # 0.2, while the server as a whole accepts (60 + 270 + 1) / 700 = 0.47
+        *class_drafting("chat", 270),
+        *class_drafting("rare", 1, draft_tokens=2),  # too few drafts to judge
+    ], {**{k: v for k, v in labels("m").items() if k != "engine"}, "traffic_class": "code"}),
     "SpecscopeAcceptanceCollapse": ([
         *drafting("collapsed", 3),
         *drafting("weak", 60),
@@ -200,7 +214,9 @@ def promtool_tests(rule_file: Path, cases: dict[str, Any], vllm_only: bool) -> d
     tests = []
     for name, (inputs, fired_labels) in cases.items():
         rule = rendered[name]
-        expected = {"exp_labels": {**fired_labels, **rule["labels"]}, "exp_annotations": rule["annotations"]}
+        annotations = {k: re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m, lab=fired_labels: lab[m.group(1)], v)
+                       for k, v in rule["annotations"].items()}  # as Prometheus expands the templates
+        expected = {"exp_labels": {**fired_labels, **rule["labels"]}, "exp_annotations": annotations}
         checks = [{"eval_time": "10m", "alertname": name, "exp_alerts": [expected]}]
         if "for" in rule:  # before `for` has elapsed the alert is only pending: nothing fires
             checks.insert(0, {"eval_time": "30s", "alertname": name, "exp_alerts": []})
