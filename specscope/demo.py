@@ -9,7 +9,9 @@ decoding):
    than it saves. At each batch size the measured speedup (against the baseline engine, run alternately) is shown
    beside specscope's prediction, with the K that would pay best and vLLM's schedule for it;
 4. weak draft (a target whose later layers matter more, so its first layer predicts it badly): acceptance under
-   30%, the weak-draft and not-paying alerts fire, and the recommended K is 0.
+   30%, the weak-draft and not-paying alerts fire, and the recommended K is 0;
+5. traffic classes: a draft that follows some prompts and not others, sent as two classes; the engine-wide
+   acceptance looks fine while the badly predicted class's alert fires.
 
 Each scenario is a target in the dashboard's fleet; the screen follows the running one. ``--headless`` runs the
 same scenarios without the screen and prints each scenario's summary and the alerts that fired.
@@ -42,7 +44,7 @@ WINDOW_S = 30.0
 GOOD_K = 6
 WEAK_K = 4
 SCENARIOS = ("tokenizer check", "baseline (no speculation)", f"good draft (layer 0, K={GOOD_K})",
-             "weak draft (f=0.1)")
+             "weak draft (f=0.1)", "traffic classes (noise draft)")
 #: Batch sizes shown: one request at a time, and a batch where, on a 2-core CPU, speculation stops paying.
 BATCHES = (1, 16)
 TOKENS = 96
@@ -68,6 +70,7 @@ class Demo:
         self.good_draft(plain, baseline)
         self._close(plain)
         self.weak_draft(baseline)
+        self.traffic_classes()
         self.say("done: every scenario ran. Keys: tab/enter to pick an engine in the fleet, ? for help, q to quit")
 
     def tokenizer_check(self) -> None:
@@ -76,12 +79,12 @@ class Demo:
         name = SCENARIOS[0]
         target, draft = str(self.models["target"]), str(self.models["other-tokenizer"])
         self.show(name)
-        self.say("1/4 tokenizer check: a draft with the target's vocabulary size but other token ids")
+        self.say("1/5 tokenizer check: a draft with the target's vocabulary size but other token ids")
         report = compare(target, draft)
         hub = self.hubs[name]
         hub.set_engine(EngineInfo(model=target, draft_model=draft, method="draft_model", num_speculative_tokens=4))
         hub.set_tokenizer_status(report.status())
-        self.say(f"1/4 tokenizer check: {report.verdict}; vLLM only compares vocabulary sizes and would run it")
+        self.say(f"1/5 tokenizer check: {report.verdict}; vLLM only compares vocabulary sizes and would run it")
 
     def _engine(self, name: str, family: str, k: int | None, baseline: StepProfile | None = None) -> Any:
         import specscope
@@ -106,9 +109,9 @@ class Demo:
 
         name = SCENARIOS[1]
         self.show(name)
-        self.say("2/4 baseline: starting the 12-layer target alone (about 25 s on a CPU)")
+        self.say("2/5 baseline: starting the 12-layer target alone (about 25 s on a CPU)")
         llm = self._engine(name, "deep01", None)
-        self.say(f"2/4 baseline: timing decode steps at batch {' and '.join(map(str, BATCHES))}")
+        self.say(f"2/5 baseline: timing decode steps at batch {' and '.join(map(str, BATCHES))}")
         profile = measure_step_times(llm, BATCHES, tokens=TOKENS)
         return llm, profile
 
@@ -117,19 +120,19 @@ class Demo:
 
         name = SCENARIOS[2]
         self.show(name)
-        self.say(f"3/4 good draft: starting the target with its own first layer as the draft, K={GOOD_K}")
+        self.say(f"3/5 good draft: starting the target with its own first layer as the draft, K={GOOD_K}")
         llm = self._engine(name, "deep01", GOOD_K, baseline)
         for batch in BATCHES:
-            self.say(f"3/4 good draft at batch {batch}: running it with and without speculation")
+            self.say(f"3/5 good draft at batch {batch}: running it with and without speculation")
             first = self._tok_s(llm, batch) / self._tok_s(plain, batch)
             plain_rate = self._tok_s(plain, batch)  # a second round the other way round: the machine drifts
             self.measured[batch] = (first + self._tok_s(llm, batch) / plain_rate) / 2
             est = estimate(llm.snapshot(), batch_size=batch)
             predicted = "n/a" if est is None else f"{est.expected_speedup:.2f}x (best K={est.best_k})"
-            self.say(f"3/4 good draft at batch {batch}: measured {self.measured[batch]:.2f}x, "
+            self.say(f"3/5 good draft at batch {batch}: measured {self.measured[batch]:.2f}x, "
                      f"specscope predicted {predicted}")
         config = recommended_config(llm.snapshot())
-        self.say("3/4 good draft: specscope's K schedule: "
+        self.say("3/5 good draft: specscope's K schedule: "
                  + ("turn speculation off (remove speculative_config)" if config is None else
                     json.dumps(config["num_speculative_tokens_per_batch_size"])))
         self._close(llm)
@@ -137,12 +140,35 @@ class Demo:
     def weak_draft(self, baseline: StepProfile) -> None:
         name = SCENARIOS[3]
         self.show(name)
-        self.say("4/4 weak draft: starting a target whose first layer predicts it badly, as the draft")
+        self.say("4/5 weak draft: starting a target whose first layer predicts it badly, as the draft")
         llm = self._engine(name, "deep10", WEAK_K, baseline)
-        self.say("4/4 weak draft: acceptance under 30%; the weak-draft and not-paying alerts fire; best K is 0")
+        self.say("4/5 weak draft: acceptance under 30%; the weak-draft and not-paying alerts fire; best K is 0")
         for _ in range(3):
             self._tok_s(llm, 1)
             self._tok_s(llm, 16)
+        self._close(llm)
+
+
+    def traffic_classes(self) -> None:
+        import specscope
+        from specscope import tiny_models
+
+        name = SCENARIOS[4]
+        self.show(name)
+        self.say("5/5 traffic classes: the small target with a draft that follows some prompts and not others")
+        engine: dict[str, Any] = {**ENGINE, "max_model_len": 512}  # the small family's models hold 512 positions
+        llm = specscope.LLM(str(self.models["target"]), specscope_hub=self.hubs[name], **engine, speculative_config={
+            "method": "draft_model", "model": str(self.models["noise10"]), "num_speculative_tokens": WEAK_K})
+        easy, hard = tiny_models.split_by_acceptance(llm, self.prompts)
+        self.hubs[name].reset_window()
+        self.say(f"5/5 traffic classes: {len(easy)} 'easy' requests the draft follows, {len(hard)} 'hard' ones it "
+                 "does not; engine-wide acceptance stays above 30%, the hard class's alert fires")
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+        for _ in range(3):
+            llm.generate(easy, params, use_tqdm=False, specscope_class="easy")
+            llm.generate(hard, params, use_tqdm=False, specscope_class="hard")
         self._close(llm)
 
 

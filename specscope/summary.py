@@ -38,6 +38,12 @@ def summary(snap: Snapshot) -> str:
         if per_batch:
             lines.append(f"         {per_batch}")
         lines += [f"         {line}" for line in schedule_text(snap)]
+    drafting = [c for c in snap.classes if c.window.draft_tokens]
+    if drafting:  # worst first: the class the aggregate hides
+        drafting.sort(key=lambda c: c.window.acceptance_rate or 0.0)
+        lines.append("classes  " + "  ".join(f"{c.name} {percent(c.window.acceptance_rate)} ({c.window.requests} req)"
+                                             for c in drafting)
+                     + (f"  (+{snap.folded_classes} folded into other)" if snap.folded_classes else ""))
     if snap.baseline_problem:
         lines.append(f"baseline refused: {snap.baseline_problem}")
     if snap.tokenizer is not None:

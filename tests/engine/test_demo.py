@@ -36,6 +36,11 @@ def test_headless_demo_fires_what_each_scenario_is_about(engines: Any, tmp_path:
     # The good draft is never weak (at batch 16 it may stop paying, which the demo shows: not-paying can fire there).
     assert "SpecscopeWeakDraft" not in fired[good] and "SpecscopeAcceptanceCollapse" not in fired[good]
     assert fired["baseline (no speculation)"] == "none"
+    # Two classes of traffic: the engine-wide acceptance is fine, the class the draft fails on alerts.
+    classes = sections[SCENARIOS[4]]
+    rules = set(fired[SCENARIOS[4]].split(", "))
+    assert "SpecscopeWeakDraftForClass" in rules and "SpecscopeWeakDraft" not in rules, rules
+    assert re.search(r"classes  hard [\d.]+% .* easy [\d.]+%", classes), classes
     # The good draft pays at batch 1, measured and predicted; its estimate is lower at batch 16 than at batch 1.
     # The story the README tells: about 2x at batch 1, much less at batch 16, predicted within 15% at both.
     measured = {int(b): float(x) for b, x in re.findall(r"good draft at batch (\d+): measured ([\d.]+)x", out)}
