@@ -133,6 +133,17 @@ def _rules(args: argparse.Namespace) -> int:
     return 0
 
 
+def _engine_args(items: list[str] | None) -> dict[str, Any]:
+    """``--engine-arg name=value`` options as vllm.LLM arguments (a value is JSON where it parses)."""
+    engine: dict[str, Any] = {}
+    for key, value in _pairs(items, "--engine-arg"):
+        try:
+            engine[key] = json.loads(value)
+        except ValueError:
+            engine[key] = value
+    return engine
+
+
 def _calibrate(args: argparse.Namespace) -> int:
     from specscope.diagnostics import save_profile
 
@@ -144,17 +155,11 @@ def _calibrate(args: argparse.Namespace) -> int:
         print("specscope: error: --batch-sizes takes positive integers like 1,8 and --tokens at least 2",
               file=sys.stderr)
         return 2
-    engine: dict[str, Any] = {}
     try:
-        pairs = _pairs(args.engine_arg, "--engine-arg")
+        engine = _engine_args(args.engine_arg)
     except ValueError as exc:
         print(f"specscope: error: {exc}", file=sys.stderr)
         return 2
-    for key, value in pairs:
-        try:
-            engine[key] = json.loads(value)
-        except ValueError:
-            engine[key] = value
     if engine.get("speculative_config"):
         print("specscope: error: the baseline is the target without speculation; drop speculative_config",
               file=sys.stderr)
@@ -215,6 +220,17 @@ def _report(args: argparse.Namespace) -> int:
         return 2
     print(f"wrote {args.out} ({len(figures)} plots)")
     return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from specscope import evaluate
+
+    try:
+        engine = _engine_args(args.engine_arg)
+    except ValueError as exc:
+        print(f"specscope: error: {exc}", file=sys.stderr)
+        return 2
+    return evaluate.main(args, engine)
 
 
 def _top(args: argparse.Namespace) -> int:
@@ -280,6 +296,18 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--engine-arg", action="append", metavar="NAME=VALUE",
                      help="a vllm.LLM argument; VALUE is JSON when it parses (e.g. max_model_len=512)")
     cal.set_defaults(func=_calibrate)
+    ev = sub.add_parser(
+        "evaluate", help="measure which draft and which K pay on your prompts, before deploying",
+        description="Measure candidates (draft models, n-gram lookup) at each K beside the target without "
+        "speculation, on your prompts with the batch held full at each batch size, engines alternating, medians of "
+        "rounds: acceptance overall, by position and by traffic class, the measured and predicted speedup, the best "
+        "K per batch size as vLLM's num_speculative_tokens_per_batch_size schedule, and that schedule measured.",
+        epilog="exit status: 0 measured, 2 bad input, 1 the target without speculation stopped, 130 interrupted "
+        "(these two write what was measured, marked partial).")
+    from specscope.evaluate import add_arguments as add_evaluate_arguments
+
+    add_evaluate_arguments(ev)
+    ev.set_defaults(func=_evaluate)
     top = sub.add_parser("top", help="the terminal dashboard", description="The terminal dashboard over specscope "
                          "endpoints, vLLM or SGLang servers (a fleet when several are named), or a recording.")
     from specscope.tui import add_arguments

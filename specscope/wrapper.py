@@ -256,25 +256,35 @@ def measure_step_times(llm: LLM, batch_sizes: Sequence[int], tokens: int = 64, r
     return StepProfile(tuple(times), f"measured on {snap.engine.model}", snap.engine.setup)
 
 
-def steady_throughput(llm: Any, batch: int, seconds: float, prompts: Sequence[str], tokens: int = 96) -> float:
+def steady_throughput(llm: Any, batch: int, seconds: float, prompts: Sequence[Any], tokens: int | Sequence[int] = 96,
+                      traffic_classes: Sequence[str | None] | None = None) -> float:
     """Output tokens per second with ``batch`` greedy requests in flight for ``seconds``, each finished request
     replaced by the next of ``prompts`` (in order), as a serving engine with a queue keeps its batch full; the
     requests in flight at the end are aborted. This is the throughput "at batch b" that specscope's verdict is
     about: a fixed batch that drains ends on partial batches, and only under speculation (its requests finish at
     different steps, plain greedy ones together), which would weigh on speculation unfairly.
+
+    A prompt is text or a vLLM prompt (``{"prompt_token_ids": [...]}``); ``tokens`` is every request's output
+    length (EOS ignored), or each prompt's; ``traffic_classes``, where given, is each prompt's traffic class.
     """
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
     engine = getattr(llm, "llm_engine", llm)
-    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+    params: dict[int, Any] = {}
     live: set[str] = set()
     added = 0
 
     def add() -> None:
         nonlocal added
+        i = added % len(prompts)
+        n = tokens if isinstance(tokens, int) else tokens[i]
+        if n not in params:
+            params[n] = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True,
+                                       output_kind=RequestOutputKind.DELTA)
         rid = f"steady-{id(engine)}-{time.monotonic_ns()}-{added}"
-        engine.add_request(rid, prompts[added % len(prompts)], params)
+        with _traffic_class(traffic_classes[i] if traffic_classes else None):
+            engine.add_request(rid, prompts[i], params[n])
         live.add(rid)
         added += 1
 

@@ -1,0 +1,70 @@
+"""``specscope evaluate`` on real engines over the deep family's f = 0.01 target: its good draft (its first layer),
+a weak one and n-gram lookup, two traffic classes of prompts (tests/fixtures/evaluate-prompts.jsonl) and one prompt
+too long to fit.
+
+The weak draft is the tiny family's ``independent`` model (same tokenizer, unrelated weights): ``deep10-draft`` is
+the same file as ``deep01-draft`` (every deep pair's first layer comes from one seed), weak only beside its own
+target, whose later layers weigh more."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ENGINE_KW
+
+pytestmark = pytest.mark.engine
+
+PROMPTS = Path(__file__).parent.parent / "fixtures" / "evaluate-prompts.jsonl"
+
+
+def test_evaluate_ranks_the_good_draft_first_and_tells_the_weak_one_to_run_without_speculation(
+        tiny: dict[str, Path], engines: Any, tmp_path: Path) -> None:
+    engines.close()  # the command starts its own engines
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(PROMPTS.read_text() + json.dumps({"prompt": "river " * 1100, "class": "prose"}) + "\n")
+    good, weak = str(tiny["deep01-draft"]), str(tiny["independent"])
+    args = [str(tiny["deep01-target"]), "--draft", good, "--draft", weak, "--method", "ngram", "--k", "2,4",
+            "--batch-sizes", "1,8", "--rounds", "1", "--window-s", "2.5", "--max-tokens", "64",
+            "--prompts", str(prompts), "--json", str(tmp_path / "r.json"), "-o", str(tmp_path / "r.html")]
+    for key, value in {**ENGINE_KW, "max_model_len": 1024}.items():
+        args += ["--engine-arg", f"{key}={json.dumps(value)}"]
+    r = subprocess.run([sys.executable, "-m", "specscope.cli", "evaluate", *args], capture_output=True, text=True,
+                       timeout=600)
+    print(r.stdout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "left" in r.stderr and "[3/3 ngram] K=4 batch 8 round 1/1" in r.stderr  # progress, with time left
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert not doc["partial"] and doc["prompts"]["used"] == 24 and doc["prompts"]["skipped_long"] == 1
+    assert doc["prompts"]["classes"] == {"prose": 12, "chat": 12}
+    cands = {c["name"]: c for c in doc["candidates"]}
+    assert doc["ranking"][0] == good and set(doc["ranking"]) == {good, weak, "ngram"}
+    for name, c in cands.items():
+        assert c["status"] == "measured" and set(c["by_k"]) == {"2", "4"}
+        for kk, k in c["by_k"].items():
+            assert len(k["per_position"]) == int(kk)
+            assert set(k["batch"]) == {"1", "8"} and all(cell["speedup"] > 0 for cell in k["batch"].values())
+            # acceptance per class, from the requests the measured runs finished
+            assert set(k["by_class"]) == {"prose", "chat"}
+            assert all(a["drafted"] > 0 and a["acceptance"] is not None for a in k["by_class"].values())
+        if name != "ngram":
+            assert c["tokenizer"]["verdict"] == "identical" and c["draft_kv_cost"]["blocks"] > 0
+            assert all(cell["predicted"] is not None for k in c["by_k"].values() for cell in k["batch"].values())
+    best = cands[good]["schedule"]
+    assert best["best"]["1"]["best_k"] > 0 and best["best"]["1"]["best_speedup"] > 1.3  # it pays at batch 1
+    assert best["speculative_config"] is not None and set(best["measured"]) == {"1", "8"}  # the schedule, measured
+    weak_s = cands[weak]["schedule"]
+    for b, choice in weak_s["best"].items():  # where no K pays, the best K is 0: run without speculation
+        measured = max(k["batch"][b]["speedup"] for k in cands[weak]["by_k"].values())
+        assert (choice["best_k"] == 0) == (measured <= 1.0), (b, choice, measured)
+    assert weak_s["best"]["8"]["best_k"] == 0 and "run without speculation" in weak_s["verdict"]
+    if not any(c["best_k"] for c in weak_s["best"].values()):
+        assert weak_s["speculative_config"] is None and not weak_s["measured"]
+    page = (tmp_path / "r.html").read_text()
+    assert page.count("data:image/png;base64,") >= 5 and "num_speculative_tokens_per_batch_size" in page
+    assert "1 prompts skipped" in r.stderr and "1 longer than max_model_len" in page

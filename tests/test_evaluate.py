@@ -1,0 +1,273 @@
+"""``specscope evaluate`` without engines: the prompts file, every bad input, ranking, the schedule, the writers,
+and an interrupt that still writes what was measured."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from specscope import cli, evaluate
+from specscope.evaluate import Candidate, Cell, Evaluation, InputError, KRun, Prompt
+from specscope.model import ClassCounts
+
+
+def write(path: Path, lines: list[Any]) -> Path:
+    path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines))
+    return path
+
+
+def test_json_lines_prompts_with_messages_classes_and_max_tokens(tmp_path: Path) -> None:
+    path = write(tmp_path / "p.jsonl", [
+        {"prompt": "the river stone", "class": "prose", "max_tokens": 32},
+        "",
+        {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+         "class": "chat"},
+        {"prompt": "no class"},
+    ])
+    prompts, skipped = evaluate.load_prompts(str(path))
+    assert skipped == 0
+    assert prompts == [Prompt("the river stone", None, "prose", 32),
+                       Prompt(None, (("system", "be brief"), ("user", "hi")), "chat", None),
+                       Prompt("no class")]
+
+
+def test_sharegpt_takes_the_first_human_turn(tmp_path: Path) -> None:
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps([
+        {"id": "a", "conversations": [{"from": "human", "value": "first question"},
+                                      {"from": "gpt", "value": "answer"},
+                                      {"from": "human", "value": "second question"}]},
+        {"id": "b", "conversations": [{"from": "gpt", "value": "only the model speaks"}]},
+        {"id": "c", "conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": "q"}]},
+    ]))
+    prompts, skipped = evaluate.load_prompts(str(path))
+    assert [p.text for p in prompts] == ["first question", "q"] and skipped == 1
+
+
+class FakeTokenizer:
+    """One token a word (plus one special token at the start of a plain prompt)."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [1] * add_special_tokens + [len(w) for w in text.split()]
+
+    def apply_chat_template(self, messages: list[dict[str, str]], tokenize: bool,
+                            add_generation_prompt: bool) -> str:
+        assert not tokenize and add_generation_prompt
+        return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+
+
+def test_prepare_tokenizes_applies_the_chat_template_and_skips_what_does_not_fit() -> None:
+    prompts = [Prompt("a b c", traffic_class="x"), Prompt(messages=(("user", "hello there"),), max_tokens=4),
+               Prompt("w " * 30, max_tokens=4), Prompt("short", max_tokens=40)]
+    work = evaluate.prepare(prompts, FakeTokenizer(), max_model_len=20, default_max_tokens=8)
+    assert work.prompts == [{"prompt_token_ids": [1, 1, 1, 1]}, {"prompt_token_ids": [5, 5, 5, 10]}]
+    assert work.max_tokens == [8, 4] and work.classes == ["x", None]
+    assert work.skipped_long == 2 and work.max_model_len == 20
+
+    class NoTemplate(FakeTokenizer):
+        def apply_chat_template(self, *a: Any, **kw: Any) -> str:
+            raise ValueError("no chat template is set")
+
+    with pytest.raises(InputError, match="chat template"):
+        evaluate.prepare(prompts[1:2], NoTemplate(), 20, 8)
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    try:
+        code = cli.main(["evaluate", *args])
+    except SystemExit as exc:  # argparse
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_every_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                tiny: dict[str, Path]) -> None:
+    good = write(tmp_path / "good.jsonl", [{"prompt": "x"}])
+    files = {
+        "missing": (tmp_path / "missing.jsonl", "cannot read"),
+        "empty": (write(tmp_path / "empty.jsonl", []), "holds no prompts"),
+        "blank": (write(tmp_path / "blank.jsonl", ["", "  "]), "holds no prompts"),
+        "binary": (tmp_path / "blob.bin", "not UTF-8"),
+        "not-json": (write(tmp_path / "nj.jsonl", [{"prompt": "x"}, "{nope"]), "nj.jsonl:2: not JSON"),
+        "not-object": (write(tmp_path / "no.jsonl", ["42"]), "not a JSON object"),
+        "unknown": (write(tmp_path / "u.jsonl", [{"prompt": "x", "temperature": 1}]), "unknown field 'temperature'"),
+        "both": (write(tmp_path / "b.jsonl", [{"prompt": "x", "messages": []}]), "either \"prompt\""),
+        "neither": (write(tmp_path / "n.jsonl", [{"class": "a"}]), "either \"prompt\""),
+        "empty-prompt": (write(tmp_path / "e.jsonl", [{"prompt": " "}]), "non-empty string"),
+        "messages": (write(tmp_path / "m.jsonl", [{"messages": [{"role": "user"}]}]), "\"messages\" must be"),
+        "class": (write(tmp_path / "c.jsonl", [{"prompt": "x", "class": "has space"}]), "is not a class name"),
+        "long-class": (write(tmp_path / "lc.jsonl", [{"prompt": "x", "class": "a" * 49}]), "is not a class name"),
+        "max-tokens": (write(tmp_path / "mt.jsonl", [{"prompt": "x", "max_tokens": 0}]), "positive integer"),
+        "max-tokens-bool": (write(tmp_path / "mb.jsonl", [{"prompt": "x", "max_tokens": True}]), "positive integer"),
+        "sharegpt-bad": (tmp_path / "s.json", "no \"conversations\" list"),
+        "sharegpt-nohuman": (tmp_path / "sn.json", "without a human turn"),
+        "sharegpt-json": (tmp_path / "sj.json", "not JSON"),
+    }
+    (tmp_path / "blob.bin").write_bytes(b"\xff\xfe\x00")
+    (tmp_path / "s.json").write_text(json.dumps([{"id": 1}]))
+    (tmp_path / "sn.json").write_text(json.dumps([{"conversations": [{"from": "gpt", "value": "x"}]}]))
+    (tmp_path / "sj.json").write_text("[{")
+    target, draft = str(tiny["target"]), str(tiny["copy"])
+    cases: list[tuple[list[str], str]] = [
+        ([target, "--draft", draft, "--prompts", str(path)], words) for path, words in files.values()]
+    base = [target, "--prompts", str(good)]
+    cases += [
+        ([*base], "name at least one candidate"),
+        ([*base, "--draft", draft, "--draft", draft], "is repeated"),
+        ([*base, "--draft", draft, "--k", "0,2"], "--k takes positive integers"),
+        ([*base, "--draft", draft, "--k", "two"], "--k takes positive integers"),
+        ([*base, "--draft", draft, "--batch-sizes", ""], "--batch-sizes takes"),
+        ([*base, "--draft", draft, "--rounds", "0"], "--rounds"),
+        ([*base, "--draft", draft, "--window-s", "-1"], "--window-s"),
+        ([*base, "--draft", draft, "--rounds", "x"], "invalid int value"),
+        ([*base, "--draft", draft, "--method", "eagle"], "invalid choice"),
+        ([*base, "--draft", draft, "--engine-arg", "novalue"], "--engine-arg takes name=value"),
+        ([*base, "--draft", draft, "--engine-arg", 'speculative_config={"method": "ngram"}'], "speculative_config"),
+        ([*base, "--draft", draft, "-o", str(tmp_path / "no" / "dir.html")], "no such directory"),
+        ([*base, "--draft", str(tmp_path / "no-such-draft")], "no such directory"),
+        ([*base, "--draft", str(tiny["other-tokenizer"])], "tokenizer mismatches"),
+        ([target, "--draft", draft], "--prompts"),
+    ]
+    for args, words in cases:
+        code, out, err = run_cli(capsys, *args)
+        assert code == 2, (args, out, err)
+        assert len(err.strip().splitlines()) == 1 and err.startswith("specscope: error: "), (args, err)
+        assert words in err and "Traceback" not in err, (args, err)
+
+
+def cand(name: str, cells: dict[int, dict[int, list[float]]], method: str = "draft_model",
+         k0: float | None = 0.9) -> Candidate:
+    """A candidate with measured ratios (plain 100 tok/s) by K and batch size."""
+    c = Candidate(name, method, None if method == "ngram" else name, status="measured",
+                  tokenizer=None if method == "ngram" else {"verdict": "identical", "reasons": [], "warnings": []})
+    for k, by_b in cells.items():
+        run = c.runs[k] = KRun(k, acceptance=0.6, alpha=0.7, per_position=(0.8, 0.6),
+                               by_class={"chat": ClassCounts(4, 20, 40, 30, (18, 12)),
+                                         "code": ClassCounts(3, 15, 30, 12, (8, 4))})
+        for b, ratios in by_b.items():
+            run.cells[b] = Cell([100.0] * len(ratios), [100.0 * r for r in ratios], predicted=ratios[0] * 1.05)
+            if k0 is not None:
+                run.k0_price[b] = k0
+    return c
+
+
+GOOD = {2: {1: [1.6, 1.7], 8: [1.2, 1.15]}, 4: {1: [2.0, 2.1], 8: [1.1, 1.0]}}
+WEAK = {2: {1: [0.8, 0.85], 8: [0.6, 0.62]}, 4: {1: [0.6, 0.65], 8: [0.4, 0.41]}}
+
+
+def test_schedule_best_k_by_batch_size_and_k0_priced() -> None:
+    good = evaluate.choose_schedule(cand("good", GOOD), [1, 8], max_batch=256)
+    assert good is not None
+    assert [(c.batch_size, c.best_k, c.k) for c in good.choices] == [(1, 4, 4), (8, 2, 2)]
+    assert good.ranges == [(1, 7, 4), (8, 256, 2)] and good.same_as_k is None
+    assert good.config == {"num_speculative_tokens": 4, "num_speculative_tokens_per_batch_size": [[1, 7, 4],
+                                                                                                   [8, 256, 2]]}
+    weak = evaluate.choose_schedule(cand("weak", WEAK), [1, 8], 256)
+    assert weak is not None and weak.config is None and all(c.best_k == 0 for c in weak.choices)
+    assert "run without speculation" in evaluate._verdict(weak)
+    # Pays at batch 1 only; at batch 8 the best K loses to plain decoding but beats a K=0 range priced 0.9x: the
+    # schedule keeps K=2 there, and says speculation costs at batch 8.
+    mixed = evaluate.choose_schedule(cand("mixed", {2: {1: [1.3], 8: [0.95]}, 4: {1: [1.5], 8: [0.8]}}), [1, 8], 16)
+    assert mixed is not None and [(c.best_k, c.k) for c in mixed.choices] == [(4, 4), (0, 2)]
+    assert mixed.ranges == [(1, 7, 4), (8, 16, 2)] and "at batch 8 no K pays" in evaluate._verdict(mixed)
+    # Where K=0 is priced above the best K, the schedule runs K=0 there.
+    zero = evaluate.choose_schedule(cand("zero", {2: {1: [1.3], 8: [0.8]}}, k0=0.9), [1, 8], 16)
+    assert zero is not None and zero.ranges == [(1, 7, 2), (8, 16, 0)]
+    assert zero.choices[1].expected == pytest.approx(0.9)
+    # One K throughout: the schedule is that K's engine.
+    one = evaluate.choose_schedule(cand("one", {2: {1: [1.3], 8: [1.2]}, 4: {1: [1.2], 8: [1.1]}}), [1, 8], 16)
+    assert one is not None and one.ranges == [(1, 16, 2)] and one.same_as_k == 2
+    assert evaluate.choose_schedule(Candidate("none", "ngram"), [1, 8], 16) is None
+
+
+def test_ranking_by_the_geometric_mean_of_the_best_speedups() -> None:
+    good, weak = cand("good", GOOD), cand("weak", WEAK)
+    ngram = cand("ngram", {2: {1: [1.9], 8: [1.0]}}, method="ngram", k0=None)  # 1.38 against good's 1.53
+    refused = Candidate("bad", "draft_model", "bad", status="refused")
+    ranked = evaluate.rank([refused, weak, ngram, good], [1, 8])
+    assert [c.name for c, _ in ranked] == ["good", "ngram", "weak", "bad"]
+    assert ranked[0][1] == pytest.approx((2.05 * 1.175) ** 0.5) and ranked[-1][1] is None
+
+
+def synthetic(partial: bool = False) -> Evaluation:
+    good, weak, ngram = cand("/m/good-draft", GOOD), cand("/m/weak-draft", WEAK), cand("ngram", {2: {1: [1.2]}},
+                                                                                     method="ngram", k0=None)
+    for c in (good, weak, ngram):
+        c.schedule = evaluate.choose_schedule(c, [1, 8], 256)
+    assert good.schedule is not None
+    good.schedule.cells = {1: Cell([100.0], [195.0]), 8: Cell([100.0], [112.0])}
+    good.draft_kv = {"blocks": 85.0, "share": 0.077, "text": "the draft takes 85 KV blocks (7.7% of the capacity)"}
+    if partial:
+        ngram.status = "interrupted"
+    settings = {"k": [2, 4], "batch_sizes": [1, 8], "rounds": 2, "window_s": 3.0, "max_tokens": 64,
+                "engine_args": {}, "prompts_file": "p.jsonl"}
+    return Evaluation("deep01-target", settings, [weak, ngram, good],
+                      {"used": 40, "skipped_long": 2, "max_model_len": 1024, "classes": {"chat": 20, "code": 20}},
+                      partial=partial, note="interrupted (Ctrl-C)" if partial else None, seconds=90)
+
+
+def test_json_and_text_of_an_evaluation() -> None:
+    ev = synthetic()
+    doc = json.loads(json.dumps(evaluate.to_dict(ev)))
+    assert doc["ranking"] == ["/m/good-draft", "ngram", "/m/weak-draft"] and not doc["partial"]
+    assert doc["ranking_rule"].startswith("the geometric mean")
+    good, ngram, weak = doc["candidates"]
+    cell = good["by_k"]["4"]["batch"]["1"]
+    assert cell["speedup"] == 2.05 and (cell["min"], cell["max"]) == (2.0, 2.1) and cell["rounds"] == [2.0, 2.1]
+    assert cell["predicted"] == 2.1 and cell["plain_tok_s"] == [100.0, 100.0]
+    assert good["by_k"]["2"]["by_class"]["code"] == {"requests": 3, "drafted": 30, "accepted": 12,
+                                                    "acceptance": 0.4, "per_position": [0.533, 0.267]}
+    assert good["schedule"]["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 7, 4],
+                                                                                               [8, 256, 2]]
+    assert good["schedule"]["measured"]["1"]["speedup"] == 1.95 and good["draft_kv_cost"]["blocks"] == 85.0
+    assert weak["schedule"]["speculative_config"] is None and "run without speculation" in weak["schedule"]["verdict"]
+    assert ngram["draft_kv_cost"] is None and ngram["tokenizer"] is None
+    text = evaluate.render_text(ev)
+    assert "1. /m/good-draft" in text and "run without speculation" in text and "by class chat 75%" in text
+    assert '"num_speculative_tokens_per_batch_size": [[1, 7, 4], [8, 256, 2]]' in text
+
+
+def test_html_is_one_self_contained_page_with_its_plots() -> None:
+    page = evaluate.render_html(synthetic())
+    images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+    # speedup bars, predicted vs measured, and acceptance by class for each of the three candidates
+    assert len(images) == 5 and all(base64.b64decode(i).startswith(b"\x89PNG") for i in images)
+    assert "<script" not in page and 'src="http' not in page and "<link" not in page
+    assert "Ranking" in page and "num_speculative_tokens_per_batch_size" in page and "PARTIAL" not in page
+    assert "run without speculation" in page and "7.7% of the capacity" in page
+    assert "PARTIAL" in evaluate.render_html(synthetic(partial=True))
+
+
+def test_an_interrupt_writes_what_was_measured_marked_partial(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              tiny: dict[str, Path]) -> None:
+    class Interrupted(evaluate.Runner):
+        def start_plain(self) -> tuple[Any, int, int]:
+            return FakeTokenizer(), 1024, 256
+
+        def run(self, ev: Evaluation, work: evaluate.Workload, max_batch: int) -> None:
+            c = ev.candidates[0]
+            c.runs[2] = KRun(2, cells={1: Cell([100.0], [150.0])})
+            raise KeyboardInterrupt
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(evaluate, "Runner", Interrupted)
+    prompts = write(tmp_path / "p.jsonl", [{"prompt": "a b", "class": "x"}, {"prompt": "c d"}])
+    code, out, err = run_cli(capsys, str(tiny["target"]), "--draft", str(tiny["copy"]), "--method", "ngram",
+                             "--prompts", str(prompts), "--k", "2,4", "--batch-sizes", "1,8",
+                             "--json", str(tmp_path / "r.json"), "-o", str(tmp_path / "r.html"))
+    assert code == evaluate.INTERRUPTED, err
+    assert "interrupted; writing what was measured" in err and "Traceback" not in err
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["partial"] and doc["note"] == "interrupted (Ctrl-C)"
+    assert doc["prompts"]["classes"] == {"x": 1, "(prompt-length bucket)": 1}
+    assert doc["candidates"][0]["by_k"]["2"]["batch"]["1"]["speedup"] == 1.5
+    assert "PARTIAL" in (tmp_path / "r.html").read_text() and "PARTIAL" in out
