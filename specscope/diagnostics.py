@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from specscope import acceptance as acc
-from specscope.model import CostRatio, EngineSetup, Snapshot, StepProfile, StepTime
+from specscope.model import CostRatio, EngineSetup, Snapshot, StepProfile, StepTime, TrafficClass
 from specscope.sizing import MODEL_FREE_METHODS, ModelSize
 
 #: Decode steps a batch size needs before its mean step time is used.
@@ -325,6 +325,20 @@ def k0_decode(snap: Snapshot, cost: CostRatio) -> tuple[float, str]:
             return 1.0 / (1.0 + smallest.value), (f"the draft still runs a pass a step: c {smallest.value:.2f} "
                                                   f"measured at batch {t.batch_size}")
     return 1.0 / (1.0 + cost.value), f"the draft still runs a pass a step: at most c {cost.value:.2f}"
+
+
+def class_speedup(snap: Snapshot, cls: TrafficClass, est: SpeedupEstimate | None = None) -> float | None:
+    """Expected end-to-end speedup for traffic of class ``cls`` at the operating batch: the engine's estimate
+    (``est``, default :func:`estimate`) with the class's own tokens per speculative step in place of the
+    engine's; None without the estimate or the class's window steps."""
+    est = est or estimate(snap)
+    length = cls.window.mean_acceptance_length
+    if est is None or length is None:
+        return None
+    share = est.prefill_share or 0.0
+    rho = share / (1.0 - share) if share < 1.0 else 0.0
+    decode = length / (est.k * est.cost_ratio + 1.0)
+    return acc.end_to_end(decode, est.decode_speedup, rho, _draft_prefill(snap))
 
 
 def by_batch_size(snap: Snapshot) -> list[SpeedupEstimate]:

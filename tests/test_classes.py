@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from specscope import classes
-from specscope.hub import Hub
+from specscope.hub import Hub, StepStats
 from specscope.merge import merge
 from specscope.model import RequestRecord, Snapshot
 
@@ -125,3 +125,23 @@ def test_the_class_rule_fires_for_the_weak_class_only_and_says_what_the_aggregat
     assert "against 77.7% for the other classes" in code.description and "a code draft" in code.description
     # No classes (or no drafts) in a snapshot: nothing to evaluate, nothing fires.
     assert Evaluator(Hub(), thresholds=Thresholds(weak_draft_for_s=0)).evaluate() == []
+
+
+def test_a_class_s_expected_speedup_uses_its_own_tokens_per_step() -> None:
+    from specscope.diagnostics import class_speedup, estimate
+    from specscope.model import CostRatio, EngineInfo
+
+    hub = Hub()
+    hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model"))
+    hub.set_cost_ratio(CostRatio(0.1, "given"))
+    hub.record_step(StepStats(num_spec_tokens=4, drafts=10, draft_tokens=40, accepted=20,
+                              accepted_per_pos=(8, 6, 4, 2), running=1, waiting=0))
+    record(hub, "good", "chat", (0, 0, 0, 0, 5))  # 5 tokens a step
+    record(hub, "bad", "code", (5, 0, 0, 0, 0))  # 1 token a step
+    snap = hub.snapshot()
+    est = estimate(snap)
+    assert est is not None
+    by = {c.name: class_speedup(snap, c) for c in snap.classes}
+    assert by["chat"] == pytest.approx(5 / 1.4) and by["code"] == pytest.approx(1 / 1.4)  # no prefill timed
+    assert by["code"] < est.expected_speedup < by["chat"]  # type: ignore[operator]
+    assert class_speedup(Hub().snapshot(), snap.classes[0]) is None  # no estimate: absent, not 0
