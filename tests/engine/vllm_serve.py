@@ -11,7 +11,14 @@ from __future__ import annotations
 import sys
 
 from vllm.entrypoints.cli.serve import ServeSubcommand
-from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+
+try:
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+except ImportError:  # vLLM 0.33 moved them
+    from vllm.entrypoints.common.cli_args import (  # type: ignore[no-redef]
+        make_arg_parser,
+        validate_parsed_serve_args,
+    )
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 if __name__ == "__main__":
