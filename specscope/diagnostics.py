@@ -28,7 +28,15 @@ from pathlib import Path
 from typing import Any
 
 from specscope import acceptance as acc
-from specscope.model import CostRatio, EngineSetup, Snapshot, StepProfile, StepTime, TrafficClass
+from specscope.model import (
+    SCHEDULABLE_METHODS,
+    CostRatio,
+    EngineSetup,
+    Snapshot,
+    StepProfile,
+    StepTime,
+    TrafficClass,
+)
 from specscope.sizing import MODEL_FREE_METHODS, ModelSize
 
 #: Decode steps a batch size needs before its mean step time is used.
@@ -36,6 +44,9 @@ MIN_STEPS = 3
 #: Decode steps a batch size needs to get a row of its own in the by-batch verdict and the K table (batch sizes
 #: an engine passes through briefly, as a batch drains, are too noisy to advise on).
 MIN_TABLE_STEPS = 20
+#: Said of every estimate on an engine whose verification is lossy.
+LOSSY_CAVEAT = ("; acceptance counts loose accepts (rejection_sample_method fly): not comparable with exact "
+                "verification, and the speedup is that of the lossy method")
 #: c assumed for a model-free method when the live step times cannot be fitted (one batch size so far).
 ASSUMED_VERIFY_COST = 0.02
 
@@ -65,6 +76,8 @@ class SpeedupEstimate:
     #: target (:func:`k0_decode`). Only removing ``speculative_config`` (a restart) gives ``by_k[0]``.
     k0_speedup: float = 1.0
     k0_basis: str = ""
+    #: What the estimate cannot account for, for people ("" when nothing).
+    caveat: str = ""
 
     @property
     def expected_speedup(self) -> float:
@@ -118,7 +131,7 @@ class SpeedupEstimate:
             advice = f"K={self.best_k} would give {self.best_speedup:.2f}x"
         return (f"speculation {verdict}: expected speedup {self.expected_speedup:.2f}x at K={self.k}{at} "
                 f"(decode {self.decode_speedup:.2f}x{prefill}; {tokens}; alpha {self.alpha:.2f}; "
-                f"c {self.cost_ratio:.2f}, {self.cost_ratio_source}); {advice}")
+                f"c {self.cost_ratio:.2f}, {self.cost_ratio_source}); {advice}{self.caveat}")
 
 
 def cost_ratio_from_sizes(target: ModelSize | None, draft: ModelSize | None, method: str | None) -> CostRatio | None:
@@ -305,6 +318,7 @@ def estimate(snap: Snapshot, cost: CostRatio | None = None, batch_size: int | No
         decode_speedup=decode_now, prefill_share=None if rho is None else rho / (1.0 + rho), by_k=by_k,
         batch_size=batch if measured is not None or observed is not None else None,
         k0_speedup=acc.end_to_end(k0, decode_now, rho or 0.0, draft_prefill), k0_basis=k0_basis,
+        caveat=LOSSY_CAVEAT if snap.engine.lossy_verification else "",
     )
 
 
@@ -445,10 +459,16 @@ def schedule_config(schedule: list[tuple[int, int, int]]) -> dict[str, Any] | No
 
 def recommended_config(snap: Snapshot) -> dict[str, Any] | None:
     """The schedule to configure, or None where speculation should be removed (``speculative_config`` dropped, a
-    restart): where no batch size measured pays even at its best K, since a K = 0 range still costs a draft pass."""
+    restart): where no batch size measured pays even at its best K, since a K = 0 range still costs a draft pass.
+    For a method whose schedule vLLM drops (:data:`SCHEDULABLE_METHODS`), one K: the best at the operating batch."""
     table = k_table(snap)
     if not any(c.speedup >= 1.0 for c in table):
         return None
+    method = snap.engine.method
+    if method is not None and method not in SCHEDULABLE_METHODS:
+        est = estimate(snap)
+        k = est.best_k if est is not None and est.measured else max(table, key=lambda c: c.speedup).k
+        return {"num_speculative_tokens": k} if k else None
     return schedule_config(k_schedule(snap))
 
 
@@ -463,7 +483,13 @@ def schedule_text(snap: Snapshot) -> list[str]:
         lines.append(f"{c.batch_size:>5}  {c.k:>6}  {c.speedup:6.2f}x   (K={c.running_k}: {c.running_speedup:.2f}x)"
                      + zero)
     config = recommended_config(snap)
-    if config is None:
+    fixed = snap.engine.method is not None and snap.engine.method not in SCHEDULABLE_METHODS
+    if fixed:
+        lines.append(f"vLLM keeps no per-batch-size schedule for method {snap.engine.method}: one K, the best at "
+                     "the operating batch")
+    if config is None and fixed and any(c.speedup >= 1.0 for c in table):
+        lines.append("remove speculative_config: no K pays at the operating batch")
+    elif config is None:
         worst = min(table, key=lambda c: c.k0_speedup)
         lines.append("turn speculation off: remove speculative_config (a restart); no K pays at any batch size "
                      f"measured, and K=0 in vLLM's schedule still runs the draft ({worst.k0_speedup:.2f}x at batch "

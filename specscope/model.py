@@ -388,6 +388,12 @@ class GpuMemory:
         return self.status == "ok"
 
 
+#: vLLM rejection-sampling methods that accept more than exact verification would (no counter tells them apart).
+LOSSY_REJECTION_METHODS = frozenset({"fly"})
+#: Methods vLLM 0.33 keeps ``num_speculative_tokens_per_batch_size`` for (it drops the schedule for the others).
+SCHEDULABLE_METHODS = frozenset({"ngram", "eagle", "eagle3", "mtp", "draft_model", "dflash"})
+
+
 @dataclass(frozen=True, slots=True)
 class EngineInfo:
     """What serves the numbers (``server``: vllm, sglang) and which models; the same for every engine of a
@@ -406,6 +412,14 @@ class EngineInfo:
     setup: EngineSetup | None = None
     #: The draft's cost in KV capacity, from the loaded configs and the KV cache's dtype.
     draft_memory: DraftMemory | None = None
+    #: vLLM's ``rejection_sample_method`` where set (0.33: ``fly`` is lossy, see :attr:`lossy_verification`).
+    rejection_sample_method: str | None = None
+
+    @property
+    def lossy_verification(self) -> bool:
+        """True where verification accepts some tokens the target would not have sampled (vLLM 0.33's ``fly``):
+        acceptance then counts loose accepts, and is not comparable with exact verification's."""
+        return self.rejection_sample_method in LOSSY_REJECTION_METHODS
 
     def k_at(self, batch_size: int) -> int | None:
         """The K this engine drafts at ``batch_size`` (the schedule's where one is set)."""

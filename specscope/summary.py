@@ -24,7 +24,9 @@ def summary(snap: Snapshot) -> str:
     e = snap.engine
     lines = [
         f"engine   {e.server} {e.engine_version or ''}  model {e.model or 'n/a'}",
-        f"spec     method {e.method or 'none'}  draft {e.draft_model or '-'}  K {e.num_speculative_tokens or '-'}",
+        f"spec     method {e.method or 'none'}  draft {e.draft_model or '-'}  K {e.num_speculative_tokens or '-'}"
+        + (f"  verification {e.rejection_sample_method} (lossy: acceptance counts loose accepts; not comparable "
+           "with exact verification)" if e.lossy_verification else ""),
     ]
     for label, t in (("window", snap.window), ("lifetime", snap.lifetime)):
         lines.append(f"{label:<8} {_spec_line(t)}")

@@ -370,3 +370,26 @@ def test_the_k_schedule_moves_one_way_between_measured_batch_sizes() -> None:
     rising = [1, 3, 2, 2, 4]
     assert monotone_between(rising, [(1, 1), (5, 4)]) == [1, 3, 3, 3, 4]
     assert monotone_between([4, 4], [(1, 4)]) == [4, 4]  # one measured size: nothing between
+
+
+def test_lossy_verification_is_said_and_a_dropped_schedule_is_not_offered(tmp_path: Path) -> None:
+    clock = Clock()
+    hub = speculative_hub(clock)
+    with_baseline(hub, tmp_path)
+    hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model", setup=SETUP,
+                              rejection_sample_method="fly"))
+    snap = hub.snapshot()
+    est = estimate(snap)
+    assert est is not None and "loose accepts (rejection_sample_method fly)" in est.explain()
+    from specscope.summary import summary
+
+    assert "verification fly (lossy" in summary(snap)
+    # vLLM 0.33 drops num_speculative_tokens_per_batch_size for suffix decoding: one K is offered instead, the best
+    # at the operating batch (here batch 16, where none pays: remove speculation).
+    hub.set_engine(EngineInfo(num_speculative_tokens=4, method="suffix", setup=SETUP))
+    assert recommended_config(hub.snapshot()) is None
+    one = replace(hub.snapshot(), decode_batch=1)
+    assert recommended_config(one) == {"num_speculative_tokens": estimate(one).best_k}  # type: ignore[union-attr]
+    assert "per_batch_size" not in "\n".join(schedule_text(one))
+    hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model", setup=SETUP))
+    assert "num_speculative_tokens_per_batch_size" in (recommended_config(hub.snapshot()) or {})

@@ -94,7 +94,9 @@ def engine_info(vllm_config: Any) -> EngineInfo:
     method = None
     k = None
     schedule: tuple[tuple[int, int, int], ...] = ()
+    rejection = None
     if spec is not None:
+        rejection = getattr(spec, "rejection_sample_method", None)
         method = getattr(spec, "method", None)
         k = getattr(spec, "num_speculative_tokens", None)
         draft_cfg = getattr(spec, "draft_model_config", None)
@@ -115,6 +117,7 @@ def engine_info(vllm_config: Any) -> EngineInfo:
         k_schedule=schedule,
         setup=engine_setup(vllm_config),
         draft_memory=draft_memory(vllm_config),
+        rejection_sample_method=rejection if isinstance(rejection, str) else None,
     )
 
 
