@@ -157,18 +157,24 @@ class Demo:
         self.show(name)
         self.say("5/5 traffic classes: the small target with a draft that follows some prompts and not others")
         engine: dict[str, Any] = {**ENGINE, "max_model_len": 512}  # the small family's models hold 512 positions
-        llm = specscope.LLM(str(self.models["target"]), specscope_hub=self.hubs[name], **engine, speculative_config={
+        llm = specscope.LLM(str(self.models["target"]), specscope_hub=Hub(), **engine, speculative_config={
             "method": "draft_model", "model": str(self.models["noise10"]), "num_speculative_tokens": WEAK_K})
-        easy, hard = tiny_models.split_by_acceptance(llm, self.prompts)
-        self.hubs[name].reset_window()
+        easy, hard = tiny_models.split_by_acceptance(llm, self.prompts)  # a pass of its own, not on the screen
+        specscope.instrument(llm, self.hubs[name])
         self.say(f"5/5 traffic classes: {len(easy)} 'easy' requests the draft follows, {len(hard)} 'hard' ones it "
                  "does not; engine-wide acceptance stays above 30%, the hard class's alert fires")
-        from vllm import SamplingParams
+        from specscope.wrapper import steady_throughput
 
-        params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
-        for _ in range(3):
-            llm.generate(easy, params, use_tqdm=False, specscope_class="easy")
-            llm.generate(hard, params, use_tqdm=False, specscope_class="hard")
+        # Both classes in every batch, as a server's queue mixes them (taken in this order, each finished request
+        # replaced by the next).
+        every, rest = max(1, len(easy) // max(1, len(hard))), iter(hard)
+        mix: list[tuple[str, str]] = []
+        for i, prompt in enumerate(easy, start=1):
+            mix.append((prompt, "easy"))
+            if i % every == 0 and (h := next(rest, None)) is not None:
+                mix.append((h, "hard"))
+        mix += [(h, "hard") for h in rest]
+        steady_throughput(llm, 8, 20.0, [p for p, _ in mix], 48, [c for _, c in mix])
         self._close(llm)
 
 
