@@ -32,6 +32,7 @@ WINDOWS = (10.0, 60.0, 300.0)
 HELP = """\
 q quit            p pause / resume (replay: play / pause)
 s next sort column    S reverse the sort    a worst acceptance first
+c traffic classes: next sort (worst acceptance, most requests, name)
 / filter requests: text, acc<0.3 or acc>0.8 (Enter applies, Esc clears)
 tab next panel    enter on a fleet row: show that engine
 w window length (10 s, 60 s, 300 s)    r reset the window
@@ -62,7 +63,9 @@ class TopApp(App[None]):
     #panels { height: auto; max-height: 14; }
     #spec { width: 3fr; height: auto; margin: 0 1 0 0; }
     #side-col { width: 2fr; height: auto; }
-    #kv, #gpu, #alerts { height: auto; }
+    #kv, #gpu, #alerts, #classes { height: auto; }
+    #classes { max-height: 9; border-top: solid $primary; }
+    .compact #classes { max-height: 5; }
     #alerts { max-height: 8; border-top: solid $primary; }
     .compact #alerts { max-height: 4; text-wrap: nowrap; text-overflow: ellipsis; }
     .compact #fleet-box { max-height: 5; }
@@ -83,6 +86,7 @@ class TopApp(App[None]):
         Binding("s", "sort", "Sort"),
         Binding("S", "reverse", "Reverse", show=False),
         Binding("a", "worst", "Worst acc."),
+        Binding("c", "class_sort", "Class sort"),
         Binding("slash", "filter", "Filter"),
         Binding("w", "window", "Window"),
         Binding("r", "reset", "Reset"),
@@ -108,6 +112,7 @@ class TopApp(App[None]):
         self.threshold = (thresholds or Thresholds()).weak_draft_acceptance
         self.paused = False
         self.sort = 0
+        self.class_sort = 0
         self.reverse = False
         self.filter_text = ""
         self.alerts: dict[str, list[Alert]] = {t.name: [] for t in targets}
@@ -131,6 +136,7 @@ class TopApp(App[None]):
                 yield Static(id="kv")
                 yield Static(id="gpu")
         yield Static(id="alerts")
+        yield Static(id="classes")
         yield Input(placeholder="filter: text, acc<0.3, acc>0.8", id="filter", disabled=True)
         yield Static(id="requests-title")
         yield Static(id="requests-header")
@@ -218,6 +224,9 @@ class TopApp(App[None]):
         if engine is not None:
             alerts = [a for a in alerts if dict(a.labels).get("engine", str(engine)) == str(engine)]
         self._update("#alerts", view.alerts_panel(alerts, compact))
+        classes = view.classes_panel(snap, self.threshold, self.class_sort, compact, rows=3 if compact else 6)
+        self.query_one("#classes").display = bool(classes.plain)
+        self._update("#classes", classes)
         self._draw_fleet()
         self._draw_requests(snap)
 
@@ -292,6 +301,11 @@ class TopApp(App[None]):
     def action_reverse(self) -> None:
         """Reverse the sort."""
         self.reverse = not self.reverse
+        self.refresh_view()
+
+    def action_class_sort(self) -> None:
+        """Sort the traffic classes by the next key (worst acceptance, most requests, name)."""
+        self.class_sort = (self.class_sort + 1) % len(view.CLASS_SORTS)
         self.refresh_view()
 
     def action_worst(self) -> None:

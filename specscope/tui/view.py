@@ -8,6 +8,7 @@ screen reads the same under ``NO_COLOR`` and on a light terminal.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from rich.text import Text
 
@@ -15,11 +16,12 @@ from specscope.alerts.evaluate import Alert
 from specscope.diagnostics import (
     by_batch_line,
     by_batch_size,
+    class_speedup,
     draft_kv_cost,
     estimate,
     recommended_config,
 )
-from specscope.model import RequestRecord, Snapshot
+from specscope.model import RequestRecord, Snapshot, TrafficClass
 from specscope.summary import percent
 from specscope.tui.state import Target
 
@@ -291,6 +293,51 @@ def select_requests(requests: tuple[RequestRecord, ...], sort: int, reverse: boo
     missing = [r for r in rows if key(r) is None]
     present.sort(key=key, reverse=reverse)
     return present + missing
+
+
+#: Class table: column label and width; the sorts ``c`` cycles through.
+CLASS_COLUMNS = (("class", 18), ("kind", 7), ("req", 5), ("share", 6), ("accept", 7), ("len", 5), ("per position", 20),
+                 ("life acc", 8), ("speedup", 7))
+CLASS_SORTS = ("worst acceptance first", "most requests first", "name")
+
+
+def _class_sort_key(sort: int, c: TrafficClass) -> tuple[Any, ...]:
+    if sort == 1:
+        return (-c.window.requests, c.name)
+    if sort == 2:
+        return (c.name,)
+    # Worst first; classes that drafted nothing in the window last.
+    return (c.window.acceptance_rate is None, c.window.acceptance_rate or 0.0, c.name)
+
+
+def classes_panel(snap: Snapshot | None, threshold: float, sort: int = 0, compact: bool = False,
+                  rows: int = 6) -> Text:
+    """Acceptance by traffic class over the window (empty without classes), sorted by ``CLASS_SORTS[sort]``."""
+    t = Text()
+    if snap is None or not snap.classes:
+        return t
+    folded = f", +{snap.folded_classes} folded into other" if snap.folded_classes else ""
+    t.append(f"TRAFFIC CLASSES ({CLASS_SORTS[sort]}; c to sort{folded})\n", style="bold")
+    widths = CLASS_COLUMNS[:6] + CLASS_COLUMNS[8:] if compact else CLASS_COLUMNS
+    t.append(_cells(tuple(label for label, _ in widths), widths) + "\n", style="underline")
+    total = sum(c.window.requests for c in snap.classes)
+    est = estimate(snap)
+    shown = sorted(snap.classes, key=lambda c: _class_sort_key(sort, c))[:rows]
+    for c in shown:
+        w = c.window
+        speedup = class_speedup(snap, c, est) if est is not None else None
+        cells = [c.name, c.kind.split()[0], str(w.requests), percent(w.requests / total if total else None),
+                 percent(w.acceptance_rate),
+                 "n/a" if w.mean_acceptance_length is None else f"{w.mean_acceptance_length:.2f}",
+                 " ".join(f"{100 * r:.0f}" for r in w.per_position[:6]) or "n/a",
+                 percent(c.lifetime.acceptance_rate), "n/a" if speedup is None else f"{speedup:.2f}x"]
+        if compact:
+            cells = cells[:6] + cells[8:]
+        weak = w.acceptance_rate is not None and w.acceptance_rate < threshold
+        t.append(_cells(tuple(cells), widths) + (" WEAK" if weak else "") + "\n", style="red" if weak else "")
+    if len(snap.classes) > rows:
+        t.append(f"... {len(snap.classes) - rows} more\n")
+    return t
 
 
 #: Fleet table: column label and width.

@@ -174,3 +174,54 @@ async def test_source_loss_and_recovery() -> None:
             app.poll_now()
             app.refresh_view()
             assert "source ok" in str(app.query_one("#header").render())
+
+
+def class_hub() -> Any:
+    """A hub whose finished requests came in two classes: chat accepts 3 of 4 drafts a step, code 1 of 4."""
+    clock = Clock()
+    hub = busy_hub(clock, requests=4)
+    for i in range(12):
+        good = i % 3 != 0  # 8 chat requests, 4 code
+        acc = 3 if good else 1
+        hub.record_request(f"cls-{i}", traffic_class="chat" if good else "code", prompt_tokens=30,
+                           generation_tokens=40, e2e_s=0.5, spec_steps=10, draft_tokens=40, accepted_tokens=10 * acc,
+                           acceptance_histogram=tuple(10 if j == acc else 0 for j in range(5)))
+    return hub
+
+
+def class_rows(app: TopApp) -> list[str]:
+    lines = str(app.query_one("#classes").render()).splitlines()
+    return [line.split()[0] for line in lines[2:] if line.strip() and not line.startswith("...")]
+
+
+async def test_the_class_table_shows_the_worst_class_first_and_sorts() -> None:
+    hub = class_hub()
+
+    class Src:
+        name = "classes"
+
+        def fetch(self) -> Any:
+            return hub.snapshot()
+
+    app = TopApp([Target(Src())], interval=0.05)
+    async with app.run_test(size=(140, 45)) as pilot:
+        for _ in range(40):
+            if app.query_one("#classes").display and class_rows(app):
+                break
+            await pilot.pause(0.05)
+        text = str(app.query_one("#classes").render())
+        assert "TRAFFIC CLASSES (worst acceptance first" in text
+        assert class_rows(app) == ["code", "prompt:<256", "chat"]  # 25%, 56% (busy_hub's requests), 75%
+        assert "code" in text and "WEAK" in text.split("code", 1)[1].splitlines()[0]
+        await pilot.press("c")
+        assert class_rows(app) == ["chat", "code", "prompt:<256"]  # most requests first (8, 4, 4)
+        await pilot.press("c")
+        assert class_rows(app) == ["chat", "code", "prompt:<256"]  # by name
+        await pilot.press("c")
+        assert class_rows(app)[0] == "code"
+
+
+async def test_no_class_table_without_classes() -> None:
+    app = replay_app(105, only=WEAK)  # recorded before traffic classes existed
+    async with app.run_test(size=(120, 40)):
+        assert not app.query_one("#classes").display

@@ -32,3 +32,21 @@ def test_help(snap_compare: Any) -> None:
 def test_no_color(snap_compare: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NO_COLOR", "1")
     assert snap_compare(replay_app(105, only="weak draft (noise 10%)"), terminal_size=(100, 34))
+
+
+def test_traffic_classes(snap_compare: Any) -> None:
+    from specscope.tui.app import TopApp
+    from specscope.tui.state import Target
+    from tests.tui.test_app import class_hub
+
+    hub = class_hub()
+
+    class Src:
+        name = "classes"
+
+        def fetch(self) -> Any:
+            return hub.snapshot()
+
+    app = TopApp([Target(Src())], interval=0)
+    app.poll_now()
+    assert snap_compare(app, terminal_size=(140, 45))
