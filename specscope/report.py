@@ -21,7 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from specscope import acceptance as acc
-from specscope.diagnostics import by_batch_size, estimate, k_table, recommended_config, with_baseline
+from specscope.diagnostics import (
+    by_batch_size,
+    class_speedup,
+    estimate,
+    k_table,
+    recommended_config,
+    with_baseline,
+)
 from specscope.model import Snapshot, StepProfile
 from specscope.summary import percent, summary
 
@@ -229,6 +236,42 @@ def _speedup_by_k(snap: Snapshot) -> Callable[[Any], None]:
     return draw
 
 
+def _by_class(snap: Snapshot) -> Callable[[Any], None]:
+    shown = sorted((c for c in snap.classes if c.window.acceptance_rate is not None),
+                   key=lambda c: c.window.acceptance_rate or 0.0)
+
+    def draw(ax: Any) -> None:
+        rates = [c.window.acceptance_rate or 0.0 for c in shown]
+        ax.barh(range(len(shown)), rates, color=["#d62728" if r < WEAK_DRAFT else "#1f77b4" for r in rates])
+        for y, c in enumerate(shown):
+            ax.annotate(f" {c.window.requests} req", (rates[y], y), va="center", fontsize=7)
+        ax.axvline(WEAK_DRAFT, color="#d62728", linestyle="--")
+        ax.set_yticks(range(len(shown)), [c.name for c in shown], fontsize=8)
+        ax.invert_yaxis()  # worst on top
+        ax.set_xlim(0, 1.1)
+        ax.set_xlabel("acceptance over the window (accepted / drafted)")
+        ax.set_title("Acceptance by traffic class (worst first)")
+
+    return draw
+
+
+def _class_table(snap: Snapshot) -> str:
+    total = sum(c.window.requests for c in snap.classes)
+    est = estimate(snap)
+    rows = [(c.name, c.kind, c.window.requests, percent(c.window.requests / total if total else None),
+             percent(c.window.acceptance_rate),
+             "n/a" if c.window.mean_acceptance_length is None else f"{c.window.mean_acceptance_length:.2f}",
+             " ".join(f"{100 * r:.0f}%" for r in c.window.per_position) or "n/a",
+             percent(c.lifetime.acceptance_rate),
+             "n/a" if (x := class_speedup(snap, c, est) if est else None) is None else f"{x:.2f}x")
+            for c in sorted(snap.classes, key=lambda c: (c.window.acceptance_rate is None,
+                                                         c.window.acceptance_rate or 0.0))]
+    folded = (f"<p>{snap.folded_classes} more class names were counted as other.</p>" if snap.folded_classes
+              else "")
+    return _table(["class", "kind", "requests", "share", "acceptance", "mean length", "by position",
+                   "lifetime acceptance", "expected speedup"], rows) + folded
+
+
 def _truth_pair(name: str, pair: dict[str, Any]) -> Callable[[Any], None]:
     cells = {int(k): {int(b): c for b, c in row.items()} for k, row in pair["cells"].items()}
     batches = sorted(next(iter(cells.values())))
@@ -288,6 +331,10 @@ def _engine_section(e: EngineReport, figures: dict[str, bytes]) -> str:
          "turns them on)"),
         ("speedup", "Expected speedup by K", _speedup_by_k(snap) if estimate(snap) else None,
          "no estimate yet: needs drafts and a cost ratio c"),
+        ("classes", "Acceptance by traffic class",
+         _by_class(snap) if any(c.window.acceptance_rate is not None for c in snap.classes) else None,
+         "no traffic class drafted in the window (classes come from baggage traffic_class, SPECSCOPE_CLASS_HEADER, "
+         "the LoRA adapter, specscope_class=, or the prompt-length bucket)"),
     ]
     for key, title, draw, missing in plots:
         if draw is None:
@@ -296,6 +343,8 @@ def _engine_section(e: EngineReport, figures: dict[str, bytes]) -> str:
         png = _png(draw)
         figures[f"{_slug(e.name)}-{key}"] = png
         out.append(_img(png, title))
+    if snap.classes:
+        out.append("<h3>Acceptance by traffic class</h3>" + _class_table(snap))
     table = k_table(snap)
     if table:
         out.append("<h3>K table</h3>")

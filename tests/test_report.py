@@ -206,3 +206,16 @@ def test_report_verdict_matches_the_estimate(tmp_path: Path, weak: bool) -> None
         assert all(e.best_k == 0 and not e.pays for e in verdicts)
     else:
         assert verdicts[0].pays and verdicts[0].best_k > 0
+
+
+def test_report_shows_acceptance_by_traffic_class_worst_first(tmp_path: Path) -> None:
+    from specscope.report import EngineReport, Report, render
+    from tests.tui.test_app import class_hub
+
+    page, figures = render(Report("classes", "hub", [EngineReport("engine", class_hub().snapshot())]))
+    assert "<h3>Acceptance by traffic class</h3>" in page and 'alt="Acceptance by traffic class"' in page
+    assert any(k.endswith("-classes") for k in figures)
+    table = page.split("<h3>Acceptance by traffic class</h3>", 1)[1]
+    assert table.index("<td>code</td>") < table.index("<td>prompt:&lt;256</td>") < table.index("<td>chat</td>")
+    assert "<td>25.0%</td>" in table and "<td>75.0%</td>" in table
+    (tmp_path / "classes.html").write_text(page)
