@@ -7,8 +7,13 @@ the two equal and reads the file back through the SDK's dashboard model. Every q
 
 from __future__ import annotations
 
-from grafana_foundation_sdk.builders import bargauge, prometheus, timeseries
-from grafana_foundation_sdk.builders.common import GraphThresholdsStyleConfig, ReduceDataOptions, VizLegendOptions
+from grafana_foundation_sdk.builders import bargauge, prometheus, table, timeseries
+from grafana_foundation_sdk.builders.common import (
+    GraphThresholdsStyleConfig,
+    ReduceDataOptions,
+    TableSortByFieldState,
+    VizLegendOptions,
+)
 from grafana_foundation_sdk.builders.dashboard import (
     Dashboard,
     DatasourceVariable,
@@ -23,7 +28,15 @@ from grafana_foundation_sdk.models.common import (
     LegendDisplayMode,
     LegendPlacement,
 )
-from grafana_foundation_sdk.models.dashboard import DataSourceRef, Threshold, ThresholdsMode, VariableRefresh
+from grafana_foundation_sdk.models.dashboard import (
+    DataSourceRef,
+    DataTransformerConfig,
+    DynamicConfigValue,
+    Threshold,
+    ThresholdsMode,
+    VariableRefresh,
+)
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 from specscope.alerts.recording import VLLM
 from specscope.alerts.rules import Thresholds
@@ -36,6 +49,8 @@ _E = "{{model}} engine {{engine}}"
 #: vLLM's own series, read through the recording rules (deploy/prometheus/specscope-vllm-rules.yml).
 _VSEL = '{model_name=~"$vllm_model"}'
 _VE = "{{instance}} engine {{engine}}"
+#: Traffic-class series carry the server's labels, not an engine's (a request's class is the server's to know).
+_CSEL = '{model=~"$model"}'
 
 
 def _rate(prometheus_name: str) -> str:
@@ -47,7 +62,7 @@ def _red_below(value: float) -> ThresholdsConfig:
         [Threshold(value=None, color="red"), Threshold(value=value, color="green")])
 
 
-def _targets(panel: timeseries.Panel | bargauge.Panel, exprs: list[tuple[str, str]]) -> None:
+def _targets(panel: timeseries.Panel | bargauge.Panel | table.Panel, exprs: list[tuple[str, str]]) -> None:
     for i, (expr, legend) in enumerate(exprs):
         panel.with_target(prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(chr(65 + i)))
 
@@ -74,6 +89,22 @@ def _bars(title: str, exprs: list[tuple[str, str]], unit: str, *, description: s
     if description:
         panel.description(description)
     _targets(panel, exprs)
+    return panel
+
+
+def _class_table(title: str, exprs: list[tuple[str, str, str]], description: str) -> table.Panel:
+    """One row per traffic class: instant queries (expression, column, unit) in table format, joined on the
+    class, lowest acceptance first."""
+    panel = (table.Panel().title(title).datasource(_DS).span(12).height(8).description(description)
+             .with_transformation(DataTransformerConfig(id_val="merge", options={}))
+             .with_transformation(DataTransformerConfig(id_val="organize", options={
+                 "excludeByName": {"Time": True},
+                 "renameByName": {f"Value #{chr(65 + i)}": column for i, (_, column, _) in enumerate(exprs)}}))
+             .sort_by([TableSortByFieldState().display_name(exprs[-1][1]).desc(False)]))
+    for i, (expr, column, unit) in enumerate(exprs):
+        panel.with_target(prometheus.Dataquery().expr(expr).instant().format(PromQueryFormat.TABLE)
+                          .ref_id(chr(65 + i)))
+        panel.override_by_name(column, [DynamicConfigValue(id_val="unit", value=unit)])
     return panel
 
 
@@ -135,6 +166,26 @@ def build() -> Dashboard:
     d.with_panel(_bars("Per-position acceptance per engine",
                        [(_vllm("position_acceptance_rate"), _VE + " position {{position}}")], "percentunit",
                        description=per_engine))
+
+    classes = ("Finished requests by traffic class (baggage traffic_class, the operator's class header, the LoRA "
+               "adapter, else the prompt-length bucket): a class the draft predicts badly is hidden in the "
+               "engine's acceptance when other traffic outweighs it.")
+
+    def by_class(name: str) -> str:
+        return f"sum by (traffic_class) (rate({_p(name)}{_CSEL}[$__range]))"
+
+    requests = by_class("specscope.class.requests")
+    d.with_row(Row("Acceptance by traffic class"))
+    d.with_panel(_series("Acceptance by traffic class (window)",
+                         [(_p("specscope.class.acceptance_rate") + _CSEL, "{{traffic_class}} ({{server}})")],
+                         "percentunit", threshold=weak, description=classes, width=12))
+    d.with_panel(_class_table(
+        "Traffic classes over the time range",
+        [(requests, "requests / s", "reqps"),
+         (f"{requests} / scalar(sum(rate({_p('specscope.class.requests')}{_CSEL}[$__range])))", "share", "percentunit"),
+         (f"{by_class('specscope.class.accepted_tokens')} / {by_class('specscope.class.draft_tokens')}",
+          "acceptance", "percentunit")],
+        classes))
 
     d.with_row(Row("KV cache and memory"))
     d.with_panel(_series("KV cache: block vs token usage",

@@ -47,7 +47,7 @@ def test_grafana_dashboard_reads_back_through_grafanas_sdk_model() -> None:
     every field has the type and place Grafana's schema gives it."""
     from grafana_foundation_sdk.cog.encoder import JSONEncoder
     from grafana_foundation_sdk.cog.plugins import register_default_plugins
-    from grafana_foundation_sdk.models import bargauge, prometheus, timeseries
+    from grafana_foundation_sdk.models import bargauge, prometheus, table, timeseries
     from grafana_foundation_sdk.models.dashboard import Dashboard
 
     register_default_plugins()
@@ -55,7 +55,7 @@ def test_grafana_dashboard_reads_back_through_grafanas_sdk_model() -> None:
     model = Dashboard.from_json(raw)
     assert json.loads(JSONEncoder(sort_keys=True).encode(model)) == raw
     panels = [p for p in model.panels or [] if getattr(p, "type_val", None) != "row"]
-    assert all(isinstance(p.options, timeseries.Options | bargauge.Options) for p in panels)
+    assert all(isinstance(p.options, timeseries.Options | bargauge.Options | table.Options) for p in panels)
     assert all(isinstance(t, prometheus.Dataquery) for p in panels for t in p.targets or [])
     assert [p.id_val for p in model.panels or []] == list(range(1, len(model.panels or []) + 1))
 
@@ -72,6 +72,23 @@ def test_grafana_dashboard_has_per_engine_panels_from_the_recording_rules() -> N
     assert {p["title"] for p in per_engine} >= {"Acceptance rate per engine and fleet",
                                                  "Mean acceptance length per engine and fleet",
                                                  "Per-position acceptance per engine"}
+
+
+def test_grafana_dashboard_has_acceptance_by_traffic_class() -> None:
+    board = json.loads((DEPLOY / "grafana" / "specscope-dashboard.json").read_text())
+    panels = {p["title"]: p for p in board["panels"]}
+    assert panels["Acceptance by traffic class"]["type"] == "row"
+    series = panels["Acceptance by traffic class (window)"]
+    assert series["targets"][0]["expr"].startswith(catalogue.exported_name("specscope.class.acceptance_rate"))
+    assert "{{traffic_class}}" in series["targets"][0]["legendFormat"]
+    assert series["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"] == 0.3  # the weak-draft line
+    table = panels["Traffic classes over the time range"]
+    exprs = [t["expr"] for t in table["targets"]]
+    assert all(e.startswith("sum by (traffic_class)") and t["instant"] and t["format"] == "table"
+               for e, t in zip(exprs, table["targets"], strict=True))
+    assert "specscope_class_requests_total" in exprs[0]
+    assert {"merge", "organize"} == {t["id"] for t in table["transformations"]}  # one row per class
+    assert table["options"]["sortBy"] == [{"desc": False, "displayName": "acceptance"}]  # worst first
 
 
 def test_otel_collector_config_is_consistent_with_the_catalogue() -> None:
