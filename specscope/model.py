@@ -544,6 +544,15 @@ class ClassCounts:
             return ()
         return tuple(a / self.spec_steps for a in self.accepted_by_position)
 
+    @property
+    def alpha(self) -> float | None:
+        """Per-token acceptance probability α (maximum likelihood): accepted / (accepted + rejections), a step
+        that accepted its whole draft having no rejection; None without positions (K = len(positions))."""
+        if not self.spec_steps or not self.accepted_by_position:
+            return None
+        trials = self.accepted + self.spec_steps - self.accepted_by_position[-1]
+        return self.accepted / trials if trials else None
+
 
 @dataclass(frozen=True, slots=True)
 class TrafficClass:
@@ -685,7 +694,7 @@ _DERIVED: dict[type, tuple[str, ...]] = {
     ),
     Totals: ("generation_tokens_per_s", "drafted_tokens_per_s", "accepted_tokens_per_s", "prefix_cache_hit_rate"),
     RequestRecord: ("acceptance_rate", "mean_acceptance_length", "class_name"),
-    ClassCounts: ("acceptance_rate", "mean_acceptance_length", "per_position"),
+    ClassCounts: ("acceptance_rate", "mean_acceptance_length", "per_position", "alpha"),
     TrafficClass: ("kind",),
     KVCache: ("capacity_tokens", "blocks_used", "token_usage", "fragmentation"),
     GpuDevice: ("used_fraction",),

@@ -61,6 +61,7 @@ def test_counts_by_class_window_and_lifetime_sum_to_the_requests() -> None:
         1, 2, 8, 3)
     assert code.window.accepted_by_position == (1, 1, 1, 0) and code.window.per_position == (0.5, 0.5, 0.5, 0.0)
     assert code.window.acceptance_rate == pytest.approx(3 / 8) and code.window.mean_acceptance_length == 2.5
+    assert code.window.alpha == pytest.approx(3 / (3 + 2))  # 3 accepted; both steps ended at a rejection
     assert by["chat"].window.acceptance_rate == 1.0 and by["chat"].kind == "class"
     assert by["prompt:256-2k"].kind == "prompt length"
     # The classes add up to what the requests drafted and accepted (the attribution of every final record).
