@@ -3,8 +3,9 @@ benchmark's results.
 
 For an engine (live or recorded): acceptance over time against the weak-draft line, acceptance by draft position,
 acceptance by position in the output (vLLM's ``detailed`` per-request metrics), the expected speedup for every K
-at each batch size measured, and the K table with vLLM's ready-to-paste schedule. For the benchmark's results:
-predicted against measured speedup by K and batch size, and the recommended K against the best one measured.
+at each batch size measured, acceptance by traffic class, and the K table with vLLM's ready-to-paste schedule.
+For the benchmark's results: predicted against measured speedup by K and batch size, and the recommended K against
+the best one measured.
 Plots are PNGs inside the page (matplotlib, the ``report`` extra); nothing is fetched when the page is opened.
 """
 
@@ -29,7 +30,7 @@ from specscope.diagnostics import (
     recommended_config,
     with_baseline,
 )
-from specscope.model import Snapshot, StepProfile
+from specscope.model import Snapshot, StepProfile, TrafficClass
 from specscope.summary import percent, summary
 
 #: The weak-draft line drawn on the acceptance plot (the alert rule's default threshold).
@@ -236,21 +237,17 @@ def _speedup_by_k(snap: Snapshot) -> Callable[[Any], None]:
     return draw
 
 
-def _by_class(snap: Snapshot) -> Callable[[Any], None]:
-    shown = sorted((c for c in snap.classes if c.window.acceptance_rate is not None),
-                   key=lambda c: c.window.acceptance_rate or 0.0)
-
+def _by_class(shown: list[TrafficClass]) -> Callable[[Any], None]:
     def draw(ax: Any) -> None:
         rates = [c.window.acceptance_rate or 0.0 for c in shown]
         ax.barh(range(len(shown)), rates, color=["#d62728" if r < WEAK_DRAFT else "#1f77b4" for r in rates])
-        for y, c in enumerate(shown):
-            ax.annotate(f" {c.window.requests} req", (rates[y], y), va="center", fontsize=7)
-        ax.axvline(WEAK_DRAFT, color="#d62728", linestyle="--")
-        ax.set_yticks(range(len(shown)), [c.name for c in shown], fontsize=8)
-        ax.invert_yaxis()  # worst on top
-        ax.set_xlim(0, 1.1)
+        ax.axvline(WEAK_DRAFT, color="#d62728", linestyle="--", label=f"weak draft ({WEAK_DRAFT:.0%})")
+        ax.set_yticks(range(len(shown)), [f"{c.name} ({c.window.requests} req)" for c in shown], fontsize=8)
+        ax.invert_yaxis()  # worst on top, where the bar is shortest: room for the legend
+        ax.set_xlim(0, 1.05)
         ax.set_xlabel("acceptance over the window (accepted / drafted)")
-        ax.set_title("Acceptance by traffic class (worst first)")
+        ax.set_title("Acceptance by traffic class, worst first")
+        ax.legend(loc="upper right", fontsize=8)
 
     return draw
 
@@ -270,6 +267,24 @@ def _class_table(snap: Snapshot) -> str:
               else "")
     return _table(["class", "kind", "requests", "share", "acceptance", "mean length", "by position",
                    "lifetime acceptance", "expected speedup"], rows) + folded
+
+
+def _class_section(name: str, snap: Snapshot, figures: dict[str, bytes]) -> str:
+    """Acceptance by traffic class: a bar per drafting class against the weak-draft line, then the table."""
+    out = ["<h3>Acceptance by traffic class</h3>"]
+    if not snap.classes:
+        return out[0] + _na("n/a: no finished requests with a traffic class yet (classes come from baggage "
+                            "traffic_class, SPECSCOPE_CLASS_HEADER, the LoRA adapter, specscope_class= or the "
+                            "prompt-length bucket)")
+    shown = sorted((c for c in snap.classes if c.window.acceptance_rate is not None),
+                   key=lambda c: c.window.acceptance_rate or 0.0)
+    if shown:
+        png = _png(_by_class(shown), height=max(2.4, 1.2 + 0.3 * len(shown)))
+        figures[f"{_slug(name)}-classes"] = png
+        out.append(_img(png, "Acceptance by traffic class"))
+    else:
+        out.append(_na("Acceptance by traffic class: no class drafted in the window"))
+    return "".join(out) + _class_table(snap)
 
 
 def _truth_pair(name: str, pair: dict[str, Any]) -> Callable[[Any], None]:
@@ -331,10 +346,6 @@ def _engine_section(e: EngineReport, figures: dict[str, bytes]) -> str:
          "turns them on)"),
         ("speedup", "Expected speedup by K", _speedup_by_k(snap) if estimate(snap) else None,
          "no estimate yet: needs drafts and a cost ratio c"),
-        ("classes", "Acceptance by traffic class",
-         _by_class(snap) if any(c.window.acceptance_rate is not None for c in snap.classes) else None,
-         "no traffic class drafted in the window (classes come from baggage traffic_class, SPECSCOPE_CLASS_HEADER, "
-         "the LoRA adapter, specscope_class=, or the prompt-length bucket)"),
     ]
     for key, title, draw, missing in plots:
         if draw is None:
@@ -343,8 +354,7 @@ def _engine_section(e: EngineReport, figures: dict[str, bytes]) -> str:
         png = _png(draw)
         figures[f"{_slug(e.name)}-{key}"] = png
         out.append(_img(png, title))
-    if snap.classes:
-        out.append("<h3>Acceptance by traffic class</h3>" + _class_table(snap))
+    out.append(_class_section(e.name, snap, figures))
     table = k_table(snap)
     if table:
         out.append("<h3>K table</h3>")

@@ -208,14 +208,36 @@ def test_report_verdict_matches_the_estimate(tmp_path: Path, weak: bool) -> None
         assert verdicts[0].pays and verdicts[0].best_k > 0
 
 
-def test_report_shows_acceptance_by_traffic_class_worst_first(tmp_path: Path) -> None:
+def test_report_shows_acceptance_by_traffic_class_worst_first() -> None:
     from specscope.report import EngineReport, Report, render
+    from tests.test_classes import record
+    from tests.tui.helpers import feed
     from tests.tui.test_app import class_hub
 
-    page, figures = render(Report("classes", "hub", [EngineReport("engine", class_hub().snapshot())]))
-    assert "<h3>Acceptance by traffic class</h3>" in page and 'alt="Acceptance by traffic class"' in page
-    assert any(k.endswith("-classes") for k in figures)
-    table = page.split("<h3>Acceptance by traffic class</h3>", 1)[1]
-    assert table.index("<td>code</td>") < table.index("<td>prompt:&lt;256</td>") < table.index("<td>chat</td>")
-    assert "<td>25.0%</td>" in table and "<td>75.0%</td>" in table
-    (tmp_path / "classes.html").write_text(page)
+    hub = class_hub()
+    hub.set_cost_ratio(CostRatio(0.13, "estimated from parameters per token", 40_000_000, 5_000_000))
+    page, figures = render(Report("classes", "hub", [EngineReport("engine", hub.snapshot())]))
+    section = page.split("<h3>Acceptance by traffic class</h3>", 1)[1].split("<h3>", 1)[0]
+    assert section.startswith('<img alt="Acceptance by traffic class"') and "engine-classes" in figures
+    assert section.index("<td>code</td>") < section.index("<td>prompt:&lt;256</td>") < section.index("<td>chat</td>")
+    code = section.split("<td>code</td>", 1)[1].split("</tr>", 1)[0]
+    assert "<td>25.0%</td>" in code and "<td>2.00</td>" in code and code.endswith("x</td>")  # its own speedup
+    assert "counted as other" not in section
+    clock = Clock()
+    folding = Hub(clock=clock, max_classes=1)
+    feed(folding, clock, 1, 3)  # speculative steps, and a request of its prompt-length bucket
+    for i, name in enumerate(["a", "b", "c"]):
+        record(folding, f"r{i}", name, (1, 1))
+    page, _ = render(Report("classes", "hub", [EngineReport("engine", folding.snapshot())]))
+    assert "2 more class names were counted as other" in page and "<td>other</td>" in page
+
+
+def test_report_says_n_a_without_traffic_classes(tmp_path: Path) -> None:
+    from specscope.report import load, render
+
+    rec = tmp_path / "run.jsonl"
+    recorded_engine(rec)  # steps only: no finished requests, so no classes
+    page, figures = render(load(str(rec)))
+    section = page.split("<h3>Acceptance by traffic class</h3>", 1)[1]
+    assert section.startswith('<p class="na">n/a: no finished requests with a traffic class')
+    assert not any(k.endswith("-classes") for k in figures)
