@@ -65,7 +65,7 @@ class TopApp(App[None]):
     #side-col { width: 2fr; height: auto; }
     #kv, #gpu, #alerts, #classes { height: auto; }
     #classes { max-height: 9; border-top: solid $primary; }
-    .compact #classes { max-height: 5; }
+    .compact #classes { max-height: 5; text-wrap: nowrap; text-overflow: ellipsis; }
     #alerts { max-height: 8; border-top: solid $primary; }
     .compact #alerts { max-height: 4; text-wrap: nowrap; text-overflow: ellipsis; }
     .compact #fleet-box { max-height: 5; }
@@ -224,7 +224,7 @@ class TopApp(App[None]):
         if engine is not None:
             alerts = [a for a in alerts if dict(a.labels).get("engine", str(engine)) == str(engine)]
         self._update("#alerts", view.alerts_panel(alerts, compact))
-        classes = view.classes_panel(snap, self.threshold, self.class_sort, compact, rows=3 if compact else 6)
+        classes = view.classes_panel(snap, self.threshold, self.class_sort, compact, rows=2 if compact else 6)
         self.query_one("#classes").display = bool(classes.plain)
         self._update("#classes", classes)
         self._draw_fleet()

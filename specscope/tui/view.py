@@ -296,8 +296,8 @@ def select_requests(requests: tuple[RequestRecord, ...], sort: int, reverse: boo
 
 
 #: Class table: column label and width; the sorts ``c`` cycles through.
-CLASS_COLUMNS = (("class", 18), ("kind", 7), ("req", 5), ("share", 6), ("accept", 7), ("len", 5), ("per position", 20),
-                 ("life acc", 8), ("speedup", 7))
+CLASS_COLUMNS = (("class", 18), ("kind", 7), ("req", 5), ("share", 6), ("accept", 7), ("len", 5),
+                 ("per position %", 20), ("life acc", 8), ("speedup", 7))
 CLASS_SORTS = ("worst acceptance first", "most requests first", "name")
 
 
@@ -316,8 +316,9 @@ def classes_panel(snap: Snapshot | None, threshold: float, sort: int = 0, compac
     t = Text()
     if snap is None or not snap.classes:
         return t
-    folded = f", +{snap.folded_classes} folded into other" if snap.folded_classes else ""
-    t.append(f"TRAFFIC CLASSES ({CLASS_SORTS[sort]}; c to sort{folded})\n", style="bold")
+    hidden = f", {rows} of {len(snap.classes)} shown" if len(snap.classes) > rows else ""
+    folded = f", +{snap.folded_classes} classes folded into other" if snap.folded_classes else ""
+    t.append(f"TRAFFIC CLASSES ({CLASS_SORTS[sort]}{hidden}{folded}; c to sort)\n", style="bold")
     widths = CLASS_COLUMNS[:6] + CLASS_COLUMNS[8:] if compact else CLASS_COLUMNS
     t.append(_cells(tuple(label for label, _ in widths), widths) + "\n", style="underline")
     total = sum(c.window.requests for c in snap.classes)
@@ -335,8 +336,6 @@ def classes_panel(snap: Snapshot | None, threshold: float, sort: int = 0, compac
             cells = cells[:6] + cells[8:]
         weak = w.acceptance_rate is not None and w.acceptance_rate < threshold
         t.append(_cells(tuple(cells), widths) + (" WEAK" if weak else "") + "\n", style="red" if weak else "")
-    if len(snap.classes) > rows:
-        t.append(f"... {len(snap.classes) - rows} more\n")
     return t
 
 

@@ -194,16 +194,18 @@ def class_rows(app: TopApp) -> list[str]:
     return [line.split()[0] for line in lines[2:] if line.strip() and not line.startswith("...")]
 
 
+class ClassSource:
+    name = "classes"
+
+    def __init__(self, hub: Any) -> None:
+        self.hub = hub
+
+    def fetch(self) -> Any:
+        return self.hub.snapshot()
+
+
 async def test_the_class_table_shows_the_worst_class_first_and_sorts() -> None:
-    hub = class_hub()
-
-    class Src:
-        name = "classes"
-
-        def fetch(self) -> Any:
-            return hub.snapshot()
-
-    app = TopApp([Target(Src())], interval=0.05)
+    app = TopApp([Target(ClassSource(class_hub()))], interval=0.05)
     async with app.run_test(size=(140, 45)) as pilot:
         for _ in range(40):
             if app.query_one("#classes").display and class_rows(app):
@@ -219,6 +221,30 @@ async def test_the_class_table_shows_the_worst_class_first_and_sorts() -> None:
         assert class_rows(app) == ["chat", "code", "prompt:<256"]  # by name
         await pilot.press("c")
         assert class_rows(app)[0] == "code"
+
+
+async def test_the_class_table_keeps_the_worst_classes_at_80x24_and_says_how_many_it_leaves_out() -> None:
+    app = TopApp([Target(ClassSource(class_hub()))], interval=0)
+    app.poll_now()
+    async with app.run_test(size=(80, 24)):
+        assert app.query_one("#classes").region.height == 5  # its border, title, header and two rows: all seen
+        assert class_rows(app) == ["code", "prompt:<256"]
+        assert "(worst acceptance first, 2 of 3 shown; c to sort)" in str(app.query_one("#classes").render())
+
+
+def test_the_class_table_prices_each_class_and_counts_the_folded_names() -> None:
+    from dataclasses import replace
+
+    from specscope.model import CostRatio
+    from specscope.tui.view import classes_panel
+
+    hub = class_hub()
+    hub.set_cost_ratio(CostRatio(0.13, "estimated from parameters per token", 40_000_000, 5_000_000))
+    title, header, *rows = classes_panel(replace(hub.snapshot(), folded_classes=3), 0.3).plain.splitlines()
+    assert title == "TRAFFIC CLASSES (worst acceptance first, +3 classes folded into other; c to sort)"
+    assert header.split()[:6] == ["class", "kind", "req", "share", "accept", "len"]
+    speedups = [float(r.split()[-2 if r.endswith("WEAK") else -1].rstrip("x")) for r in rows]
+    assert len(speedups) == 3 and speedups == sorted(speedups) and speedups[0] > 1  # more accepted, more speedup
 
 
 async def test_no_class_table_without_classes() -> None:

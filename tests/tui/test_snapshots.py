@@ -37,16 +37,8 @@ def test_no_color(snap_compare: Any, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_traffic_classes(snap_compare: Any) -> None:
     from specscope.tui.app import TopApp
     from specscope.tui.state import Target
-    from tests.tui.test_app import class_hub
+    from tests.tui.test_app import ClassSource, class_hub
 
-    hub = class_hub()
-
-    class Src:
-        name = "classes"
-
-        def fetch(self) -> Any:
-            return hub.snapshot()
-
-    app = TopApp([Target(Src())], interval=0)
+    app = TopApp([Target(ClassSource(class_hub()))], interval=0)
     app.poll_now()
     assert snap_compare(app, terminal_size=(140, 45))
