@@ -38,7 +38,7 @@ from specscope.model import (
     TokenizerStatus,
     TrafficClass,
 )
-from specscope.request_log import PENDING_TIMEOUT_S, RequestLog, add_record, class_counts
+from specscope.request_log import PENDING_TIMEOUT_S, RequestLog
 
 __all__ = ["GpuSource", "Hub", "Listener", "StepStats", "default_hub"]
 
@@ -119,7 +119,8 @@ class Hub:
         self._cost_ratio: CostRatio | None = None
         self._baseline: StepProfile | None = None
         self._baseline_problem: str | None = None
-        self._requests = RequestLog(max_requests, _max_classes() if max_classes is None else max_classes)
+        self._requests = RequestLog(max_requests, _max_classes() if max_classes is None else max_classes,
+                                    self._ring_size)
         self._errors: dict[str, int] = {}
         self._unavailable: set[str] = set()
         self._last_error: str | None = None
@@ -508,20 +509,11 @@ def _max_classes() -> int:
 
 
 def _classes(requests: RequestLog, since: float) -> tuple[TrafficClass, ...]:
-    """Each class's lifetime counts, and its window's from the final records kept that finished since ``since``
-    (newest first, until the first older one)."""
+    """Each class's lifetime counts, and its window's (the requests that finished since ``since``)."""
     lifetime = requests.class_totals()
     if not lifetime:
         return ()
-    rows: dict[str, list[int]] = {}
-    for rec in reversed(requests.recent.values()):
-        if rec.finished_at < since:
-            break
-        key = requests.class_key(rec.class_name) if rec.final_seq else None
-        if key is not None:
-            add_record(rows.setdefault(key, [0, 0, 0, 0]), rec)
-    empty = ClassCounts()
-    out = [TrafficClass(name, class_counts(r) if (r := rows.get(name)) else empty, life)
-           for name, life in lifetime.items() if life.requests]
+    window, empty = requests.window_classes(since), ClassCounts()
+    out = [TrafficClass(name, window.get(name, empty), life) for name, life in lifetime.items() if life.requests]
     return tuple(sorted(out, key=lambda c: (-c.lifetime.requests, c.name)))
 

@@ -60,9 +60,10 @@ class _Hist:
 class RequestLog:
     """Request records: parts joined, final ones numbered and observed, the last ``max_requests`` kept."""
 
-    def __init__(self, max_requests: int, max_classes: int = classes.MAX_CLASSES) -> None:
+    def __init__(self, max_requests: int, max_classes: int = classes.MAX_CLASSES, history_s: float = 900.0) -> None:
         self.max_requests = max_requests
         self.max_classes = max_classes
+        self.history_s = history_s
         self.parts_expected = 1
         self.recent: OrderedDict[str, RequestRecord] = OrderedDict()
         self._pending: OrderedDict[str, float] = OrderedDict()  # records waiting for a part, and since when
@@ -81,6 +82,9 @@ class RequestLog:
         self._positions_seen = False
         #: class name -> [requests, spec steps, draft tokens, accepted, accepted at position 0, 1, ...]
         self._classes: dict[str, list[int]] = {}
+        #: The same rows by the second the requests finished in (the last ``history_s`` seconds): windows of any
+        #: length are summed from at most that many seconds, not from every record.
+        self._class_seconds: dict[int, dict[str, list[int]]] = {}
         self._folded: set[str] = set()
 
     def add_part(self, request_id: str, now: float, fields: dict[str, Any]) -> list[RequestRecord]:
@@ -176,7 +180,25 @@ class RequestLog:
 
     def class_totals(self) -> dict[str, ClassCounts]:
         """Every final record's counts so far, by class."""
-        return {name: class_counts(row) for name, row in self._classes.items()}
+        return {name: _class_counts(row) for name, row in self._classes.items()}
+
+    def window_classes(self, since: float) -> dict[str, ClassCounts]:
+        """The counts, by class, of the final records that finished at or after ``since`` (to the second)."""
+        start = int(since)
+        rows: dict[str, list[int]] = {}
+        for second, by_key in self._class_seconds.items():
+            if second < start:
+                continue
+            for key, row in by_key.items():
+                mine = rows.get(key)
+                if mine is None:
+                    rows[key] = list(row)
+                    continue
+                if len(mine) < len(row):
+                    mine.extend([0] * (len(row) - len(mine)))
+                for i, v in enumerate(row):
+                    mine[i] += v
+        return {key: _class_counts(row) for key, row in rows.items()}
 
     def folded_classes(self) -> int:
         """Distinct class names counted as :data:`classes.OTHER`."""
@@ -189,7 +211,15 @@ class RequestLog:
         row = self._classes.get(key)
         if row is None:
             row = self._classes[key] = [0, 0, 0, 0]
-        add_record(row, rec, sign)
+        _add_record(row, rec, sign)
+        second = int(rec.finished_at)
+        by_key = self._class_seconds.get(second)
+        if by_key is None:
+            by_key = self._class_seconds[second] = {}
+            if len(self._class_seconds) > self.history_s + 64:  # drop what no window reaches, now and then
+                oldest = max(self._class_seconds) - self.history_s
+                self._class_seconds = {s: k for s, k in self._class_seconds.items() if s >= oldest}
+        _add_record(by_key.setdefault(key, [0, 0, 0, 0]), rec, sign)
 
     def _finalize(self, rec: RequestRecord) -> RequestRecord:
         self._final_seq += 1
@@ -229,7 +259,7 @@ class RequestLog:
         att[3] += (rec.accepted_tokens or 0) - (before.accepted_tokens or 0)
 
 
-def add_record(row: list[int], rec: RequestRecord, sign: int = 1) -> None:
+def _add_record(row: list[int], rec: RequestRecord, sign: int = 1) -> None:
     """Add (or with ``sign`` -1, take away) one request's counts to a class's ``row``."""
     row[0] += sign
     row[1] += sign * (rec.spec_steps or 0)
@@ -245,8 +275,8 @@ def add_record(row: list[int], rec: RequestRecord, sign: int = 1) -> None:
             row[i] += sign * accepted
 
 
-def class_counts(row: list[int]) -> ClassCounts:
-    """A class's counts from its row (see :func:`add_record`)."""
+def _class_counts(row: list[int]) -> ClassCounts:
+    """A class's counts from its row (see :func:`_add_record`)."""
     return ClassCounts(row[0], row[1], row[2], row[3], tuple(row[4:]))
 
 

@@ -146,3 +146,14 @@ def test_a_class_s_expected_speedup_uses_its_own_tokens_per_step() -> None:
     assert by["chat"] == pytest.approx(5 / 1.4) and by["code"] == pytest.approx(1 / 1.4)  # no prefill timed
     assert by["code"] < est.expected_speedup < by["chat"]  # type: ignore[operator]
     assert class_speedup(Hub().snapshot(), snap.classes[0]) is None  # no estimate: absent, not 0
+
+
+def test_class_windows_are_summed_by_second_and_old_seconds_dropped() -> None:
+    clock = Clock()
+    hub = Hub(window_s=10, history_s=20, max_requests=5, clock=clock)
+    for i in range(200):  # more records than are kept, over more seconds than the history
+        clock.t += 1
+        record(hub, f"r{i}", "code", (1, 1))
+    code = hub.snapshot().classes[0]
+    assert code.lifetime.requests == 200 and code.window.requests == 11  # now - 10 s to now, not the 5 kept
+    assert len(hub._requests._class_seconds) <= 21 + 64  # bounded by the history, not by the run
