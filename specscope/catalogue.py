@@ -5,8 +5,8 @@ a reader that takes its values from a :class:`~specscope.model.Snapshot`. The Op
 Prometheus collector, the alert rules and the dashboard labels are all generated from :data:`METRICS`; the
 Prometheus name is derived from the OpenTelemetry one by OpenTelemetry's own translation rules
 (:func:`prometheus_name`). Attributes are bounded: server, engine, model, draft, method, position, state,
-traffic_class (at most ``SPECSCOPE_MAX_CLASSES`` names and the prompt-length buckets) — never a request id or any
-text. ``engine`` means what it means in vLLM's own metrics, the data-parallel engine index:
+traffic_class (``SPECSCOPE_MAX_CLASSES`` names, prompt-length buckets included, then ``other``) — never a request
+id or any text. ``engine`` means what it means in vLLM's own metrics, the data-parallel engine index:
 metrics of an engine's steps (speculative counts, windowed rates, the verdict, KV cache, queue) have one series
 per engine; those of the server (the tokenizer check, per-request histograms, GPU, health) have none.
 """

@@ -18,7 +18,8 @@ _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/+-]*")
 #: Prompt-length buckets (tokens): every request without a class of its own falls in one.
 PROMPT_BOUNDS = (256, 2048, 8192)
 PROMPT_BUCKETS = ("prompt:<256", "prompt:256-2k", "prompt:2k-8k", "prompt:>=8k")
-#: Where class names past the limit (``SPECSCOPE_MAX_CLASSES``, default :data:`MAX_CLASSES`) are counted.
+#: Where class names past the limit (``SPECSCOPE_MAX_CLASSES``, default :data:`MAX_CLASSES`) are counted; the
+#: prompt-length buckets seen count toward the limit, and are always kept.
 OTHER = "other"
 MAX_CLASSES = 20
 #: The baggage member that names a request's class.

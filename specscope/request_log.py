@@ -168,14 +168,14 @@ class RequestLog:
         return Attribution(*self._attributed)
 
     def class_key(self, name: str | None) -> str | None:
-        """Where a request of class ``name`` is counted: its name, or :data:`classes.OTHER` past the limit (the
-        prompt-length buckets always have their own)."""
+        """Where a request of class ``name`` is counted: its name while fewer than ``max_classes`` names have rows
+        (the prompt-length buckets among them, and always kept), else :data:`classes.OTHER`."""
         if name is None or name in self._classes or name in classes.PROMPT_BUCKETS:
             return name
-        named = sum(1 for n in self._classes if n not in classes.PROMPT_BUCKETS and n != classes.OTHER)
-        if named < self.max_classes:
+        if name not in self._folded and len(self._classes) - (classes.OTHER in self._classes) < self.max_classes:
             return name
-        self._folded.add(name)
+        if len(self._folded) < MAX_FOLDED:
+            self._folded.add(name)
         return classes.OTHER
 
     def class_totals(self) -> dict[str, ClassCounts]:
@@ -201,7 +201,7 @@ class RequestLog:
         return {key: _class_counts(row) for key, row in rows.items()}
 
     def folded_classes(self) -> int:
-        """Distinct class names counted as :data:`classes.OTHER`."""
+        """Distinct class names counted as :data:`classes.OTHER` (at most :data:`MAX_FOLDED`)."""
         return len(self._folded)
 
     def _count_class(self, rec: RequestRecord, sign: int) -> None:
@@ -280,6 +280,8 @@ def _class_counts(row: list[int]) -> ClassCounts:
     return ClassCounts(row[0], row[1], row[2], row[3], tuple(row[4:]))
 
 
+#: Folded class names remembered (to count them once); past it they are still counted as other, not remembered.
+MAX_FOLDED = 10_000
 #: A record with nothing known (what a new record is observed against).
 _NOTHING = RequestRecord(request_id="", seq=0, finished_at=0.0)
 #: The per-request values the histograms observe (a zero TPOT, of a one-token request, is not observed).

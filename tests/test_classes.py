@@ -10,7 +10,8 @@ import pytest
 from specscope import classes
 from specscope.hub import Hub, StepStats
 from specscope.merge import merge
-from specscope.model import RequestRecord, Snapshot
+from specscope.model import EngineInfo, RequestRecord, Snapshot
+from specscope.request_log import MAX_FOLDED
 
 
 class Clock:
@@ -77,6 +78,24 @@ def test_classes_past_the_limit_are_folded_into_other_and_counted() -> None:
     snap = hub.snapshot()
     assert {c.name: c.lifetime.requests for c in snap.classes} == {"a": 2, "b": 1, "other": 3, "prompt:>=8k": 1}
     assert snap.folded_classes == 2  # c and d
+    # A prompt-length bucket takes one of the names when it comes first: then only one class of its own is kept.
+    hub = Hub(max_classes=2)
+    record(hub, "short", None, (1, 1))
+    for i, name in enumerate(["a", "b", "c", "b"]):
+        record(hub, f"r{i}", name, (1, 1))
+    record(hub, "long", None, (0, 1), prompt_tokens=9000)
+    snap = hub.snapshot()
+    assert {c.name: c.lifetime.requests for c in snap.classes} == {
+        "prompt:<256": 1, "a": 1, "other": 3, "prompt:>=8k": 1}
+    assert snap.folded_classes == 2  # b and c
+    assert sum(c.lifetime.requests for c in snap.classes) == snap.attributed.requests == 6  # type: ignore[union-attr]
+    # A client sending a new name with every request grows neither the classes nor what remembers the folded names.
+    hub = Hub(max_classes=1, max_requests=10)
+    for i in range(MAX_FOLDED + 50):
+        hub.record_request(f"r{i}", traffic_class=f"n{i}")
+    snap = hub.snapshot()
+    assert [c.name for c in snap.classes] == ["other", "n0"] and snap.folded_classes == MAX_FOLDED
+    assert snap.classes[0].lifetime.requests == MAX_FOLDED + 49
 
 
 def test_a_late_part_moves_a_request_to_the_class_it_brings_and_counts_it_once() -> None:
@@ -112,11 +131,19 @@ def test_the_class_rule_fires_for_the_weak_class_only_and_says_what_the_aggregat
     from specscope.alerts.rules import Thresholds
 
     hub = Hub()
+    hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model"))
     for i in range(10):
         record(hub, f"chat{i}", "chat", (2, 0, 0, 0, 8))  # 32 of 40 accepted
     for i in range(4):
         record(hub, f"code{i}", "code", (12, 2, 0, 0, 0))  # 2 of 56 accepted
     record(hub, "rare", "rare", (3, 0, 0, 0, 0))  # accepts nothing, but 12 drafts are too few to judge
+    # The engine's own counters: the same steps, 328 of 636 accepted, well above the weak-draft line.
+    hub.record_step(StepStats(num_spec_tokens=4, drafts=159, draft_tokens=636, accepted=328,
+                              accepted_per_pos=(88, 80, 80, 80), running=1, waiting=0))
+    snap = hub.snapshot()
+    assert snap.window.spec is not None and snap.window.spec.acceptance_rate == pytest.approx(328 / 636)
+    assert sum(c.window.draft_tokens for c in snap.classes) == snap.window.spec.draft_tokens
+    assert sum(c.window.accepted for c in snap.classes) == snap.window.spec.accepted
     alerts = Evaluator(hub, thresholds=Thresholds(weak_draft_for_s=0, weak_draft_min_draft_tokens=50)).evaluate()
     firing = [a for a in alerts if a.state == "firing"]
     assert [(a.rule, dict(a.labels)["traffic_class"]) for a in firing] == [("SpecscopeWeakDraftForClass", "code")]
@@ -130,7 +157,7 @@ def test_the_class_rule_fires_for_the_weak_class_only_and_says_what_the_aggregat
 
 def test_a_class_s_expected_speedup_uses_its_own_tokens_per_step() -> None:
     from specscope.diagnostics import class_speedup, estimate
-    from specscope.model import CostRatio, EngineInfo
+    from specscope.model import CostRatio
 
     hub = Hub()
     hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model"))

@@ -224,8 +224,8 @@ def test_report_shows_acceptance_by_traffic_class_worst_first() -> None:
     assert "<td>25.0%</td>" in code and "<td>2.00</td>" in code and code.endswith("x</td>")  # its own speedup
     assert "counted as other" not in section
     clock = Clock()
-    folding = Hub(clock=clock, max_classes=1)
-    feed(folding, clock, 1, 3)  # speculative steps, and a request of its prompt-length bucket
+    folding = Hub(clock=clock, max_classes=2)
+    feed(folding, clock, 1, 3)  # speculative steps, and a request of its prompt-length bucket (one of the 2)
     for i, name in enumerate(["a", "b", "c"]):
         record(folding, f"r{i}", name, (1, 1))
     page, _ = render(Report("classes", "hub", [EngineReport("engine", folding.snapshot())]))
