@@ -153,6 +153,13 @@ def test_the_class_rule_fires_for_the_weak_class_only_and_says_what_the_aggregat
     assert "against 77.7% for the other classes" in code.description and "a code draft" in code.description
     # No classes (or no drafts) in a snapshot: nothing to evaluate, nothing fires.
     assert Evaluator(Hub(), thresholds=Thresholds(weak_draft_for_s=0)).evaluate() == []
+    # Every class weak: the aggregate hides nothing (SpecscopeWeakDraft says it), no class alert repeats it.
+    weak = Hub()
+    for i in range(10):
+        record(weak, f"a{i}", "chat", (12, 2, 0, 0, 0))
+        record(weak, f"b{i}", "code", (14, 0, 0, 0, 0))
+    assert not [a for a in Evaluator(weak, thresholds=Thresholds(weak_draft_for_s=0, weak_draft_min_draft_tokens=50))
+                .evaluate() if a.rule == "SpecscopeWeakDraftForClass"]
 
 
 def test_a_class_s_expected_speedup_uses_its_own_tokens_per_step() -> None:

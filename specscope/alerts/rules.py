@@ -183,10 +183,14 @@ def _tokenizer_rule(verdict: str, name: str, severity: str, *, summary: str, des
 
 
 def _weak_class(s: Snapshot, t: Thresholds) -> bool:
-    """The snapshot's first class drafted enough in the window and accepts below the weak-draft threshold."""
+    """The snapshot's first class drafted enough in the window and accepts below the weak-draft threshold, while
+    all classes together do not (the aggregate hides it; where it does not, SpecscopeWeakDraft says it)."""
     w = s.classes[0].window if s.classes else None
-    return (w is not None and w.draft_tokens >= t.weak_draft_min_draft_tokens and w.acceptance_rate is not None
-            and w.acceptance_rate < t.weak_draft_acceptance)
+    if (w is None or w.draft_tokens < t.weak_draft_min_draft_tokens or w.acceptance_rate is None
+            or w.acceptance_rate >= t.weak_draft_acceptance):
+        return False
+    drafted = sum(c.window.draft_tokens for c in s.classes)
+    return sum(c.window.accepted for c in s.classes) >= t.weak_draft_acceptance * drafted
 
 
 def class_context(s: Snapshot) -> tuple[float | None, float | None]:
@@ -201,8 +205,11 @@ def class_context(s: Snapshot) -> tuple[float | None, float | None]:
 
 
 def _weak_class_promql(t: Thresholds) -> str:
+    accepted, drafted = class_series("accepted_tokens", t.window_s), class_series("draft_tokens", t.window_s)
     return (f"{class_series('acceptance_rate', t.window_s)} < {t.weak_draft_acceptance} and "
-            f"{class_series('draft_tokens', t.window_s)} * {t.window_s:g} >= {t.weak_draft_min_draft_tokens}")
+            f"{drafted} * {t.window_s:g} >= {t.weak_draft_min_draft_tokens} and ignoring(traffic_class) "
+            f"(sum without(traffic_class) ({accepted}) / sum without(traffic_class) ({drafted}) "
+            f">= {t.weak_draft_acceptance})")
 
 
 def _not_paying(s: Snapshot, t: Thresholds) -> bool:

@@ -89,9 +89,9 @@ def vllm_drafting(model: str, accepted: int, engine: str = "0") -> list[dict[str
             series("vllm:spec_decode_num_drafts_total", lab, "0+75x40")]
 
 
-def class_drafting(cls: str, accepted: int, draft_tokens: int = 300) -> list[dict[str, str]]:
-    """specscope's per-class counters of server "m": ``draft_tokens`` and ``accepted`` tokens per 15 s."""
-    lab = {**labels("m"), "traffic_class": cls}
+def class_drafting(cls: str, accepted: int, draft_tokens: int = 300, model: str = "m") -> list[dict[str, str]]:
+    """specscope's per-class counters of a server: ``draft_tokens`` and ``accepted`` tokens per 15 s."""
+    lab = {**labels(model), "traffic_class": cls}
     del lab["engine"]
     return [series("specscope_class_accepted_tokens_total", lab, f"0+{accepted}x40"),
             series("specscope_class_draft_tokens_total", lab, f"0+{draft_tokens}x40"),
@@ -119,6 +119,8 @@ CASES: dict[str, tuple[list[dict[str, str]], dict[str, str]]] = {
         *class_drafting("code", 60),  # 0.2, while the server as a whole accepts (60 + 270 + 1) / 700 = 0.47
         *class_drafting("chat", 270),
         *class_drafting("rare", 1, draft_tokens=2),  # too few drafts to judge
+        # A server weak as a whole: SpecscopeWeakDraft says so; its classes do not alert again.
+        *class_drafting("code", 30, model="weak"), *class_drafting("chat", 60, model="weak"),
     ], {**{k: v for k, v in labels("m").items() if k != "engine"}, "traffic_class": "code"}),
     "SpecscopeAcceptanceCollapse": ([
         *drafting("collapsed", 3),

@@ -196,6 +196,7 @@ def class_rows(app: TopApp) -> list[str]:
 
 class ClassSource:
     name = "classes"
+    live = True  # top shows a live source's fetch time
 
     def __init__(self, hub: Any) -> None:
         self.hub = hub
