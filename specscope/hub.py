@@ -154,6 +154,7 @@ class Hub:
         with self._lock:
             for stream in self._streams.values():
                 stream.ring.clear()
+            self._requests.clear_class_window()
             self._window_start = self._clock()
 
     def set_engine(self, info: EngineInfo) -> None:

@@ -200,6 +200,10 @@ class RequestLog:
                     mine[i] += v
         return {key: _class_counts(row) for key, row in rows.items()}
 
+    def clear_class_window(self) -> None:
+        """Forget the class rows by second (a window reset); the lifetime sums stay."""
+        self._class_seconds.clear()
+
     def folded_classes(self) -> int:
         """Distinct class names counted as :data:`classes.OTHER` (at most :data:`MAX_FOLDED`)."""
         return len(self._folded)

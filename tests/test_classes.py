@@ -191,3 +191,6 @@ def test_class_windows_are_summed_by_second_and_old_seconds_dropped() -> None:
     code = hub.snapshot().classes[0]
     assert code.lifetime.requests == 200 and code.window.requests == 11  # now - 10 s to now, not the 5 kept
     assert len(hub._requests._class_seconds) <= 21 + 64  # bounded by the history, not by the run
+    hub.reset_window()  # the class window restarts with the engine's; the lifetime stays
+    code = hub.snapshot().classes[0]
+    assert code.window.requests == 0 and code.window.acceptance_rate is None and code.lifetime.requests == 200
