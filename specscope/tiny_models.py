@@ -8,7 +8,15 @@ models built here with fixed seeds and a byte-level BPE tokenizer trained on gen
 - the **deep family**, where speculation really pays on a CPU: 12-layer targets (40.6M parameters) whose layers
   after the first write into the residual stream scaled by a factor f, each with a 1-layer draft that is exactly
   its layer 0 with the same embeddings, final norm and LM head (5.3M parameters). The smaller f, the closer the
-  draft's predictions to the target's: f = 0.01 accepts ~75% of draft tokens, 0.03 ~45%, 0.1 ~8%.
+  draft's predictions to the target's: f = 0.01 accepts ~75% of draft tokens, 0.03 ~45%, 0.1 ~8%;
+- **EAGLE-3 heads** for the deep targets (``deep01-eagle3``, ``deep03-eagle3``), in the format vLLM's ``eagle3``
+  method loads (``LlamaForCausalLMEagle3``: ``fc`` over three target layers' hidden states, one decoder layer
+  over ``[embedding, hidden]``, the target's norm and LM head). Built, not trained: the decoder layer is the
+  target's layer 0 and the hidden-state input is weighted zero (``hidden_norm`` = 0 with
+  ``norm_before_residual``), so the head predicts as the layer-0 draft does while vLLM runs the whole EAGLE-3
+  path (auxiliary hidden states, ``fc``, the head's own KV cache, its shifted prefill). Eight extra attention
+  heads attend to their own position only and carry the token's embedding into the residual stream, where a
+  trained head's ``fc`` output would be.
 
 Built once and cached on disk (``$SPECSCOPE_CACHE`` or ``~/.cache/specscope``). Needs torch, transformers and
 tokenizers (the ``cpu`` or ``vllm`` extra).
@@ -44,6 +52,8 @@ DRAFTS: dict[str, str] = {
 }
 #: Deep family: name -> the factor f on every later layer's output projections.
 DEEP: dict[str, float] = {"deep01": 0.01, "deep03": 0.03, "deep10": 0.1}
+#: Deep targets that get an EAGLE-3 head ``<name>-eagle3``.
+EAGLE3 = ("deep01", "deep03")
 #: Every model ``build`` returns, with what it is.
 MODELS: dict[str, str] = {
     "target": "4-layer target of the tiny family",
@@ -51,6 +61,8 @@ MODELS: dict[str, str] = {
     **{m: d for name, f in DEEP.items() for m, d in (
         (f"{name}-target", f"12-layer target, later layers scaled by {f}"),
         (f"{name}-draft", f"exactly {name}-target's layer 0, with its embeddings and LM head"))},
+    **{f"{name}-eagle3": f"EAGLE-3 head for {name}-target: its layer 0, hidden-state input weighted zero"
+       for name in EAGLE3},
 }
 
 _WORD_TEXT = (
@@ -205,6 +217,69 @@ def _deep_pair(factor: float) -> tuple[Any, Any]:
     return target, draft
 
 
+#: RoPE pairs (highest frequencies first) that the embedding-carrying heads' constant query and key use, and
+#: their amplitude: the score at distance 0 beats every other distance up to 1024 by more than 25 (logits).
+_SELF_PAIRS, _SELF_AMPLITUDE = 6, 14.0
+
+
+def _eagle3_head(target: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An EAGLE-3 head (weights by checkpoint name, config) that predicts as ``target``'s layer 0 does.
+
+    vLLM's head layer sees ``[norm(embedding), hidden_norm(h)]`` with residual ``hidden_norm(h)`` (with
+    ``norm_before_residual``); ``hidden_norm`` = 0 turns both into the embedding alone. Heads 0-7 are the target's
+    layer-0 attention; heads 8-15 have a constant query and key (biases), so RoPE makes each position attend to
+    itself, and their values and output map ``norm(embedding)`` back to the embedding (scaled by the embeddings'
+    mean RMS): the residual stream layer 0 sees in the target.
+    """
+    import torch
+
+    cfg = target.config
+    hidden, heads, head_dim = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
+    sd = {k: v.detach().clone() for k, v in target.state_dict().items()}
+    layer = "model.layers.0."
+    width = heads * head_dim
+    zeros = torch.zeros(width, hidden)
+    bias = torch.zeros(2 * width)
+    for h in range(heads):
+        start = width + h * head_dim
+        bias[start:start + _SELF_PAIRS] = _SELF_AMPLITUDE
+    w: dict[str, Any] = {}
+    for p in "qkv":
+        own = sd[layer + f"self_attn.{p}_proj.weight"]
+        carry = torch.eye(width, hidden) if p == "v" else zeros
+        w[f"midlayer.self_attn.{p}_proj.weight"] = torch.cat(
+            [torch.cat([own, zeros], 1), torch.cat([carry, zeros], 1)], 0)
+        w[f"midlayer.self_attn.{p}_proj.bias"] = torch.zeros(2 * width) if p == "v" else bias.clone()
+    embed = sd["model.embed_tokens.weight"]
+    rms = float(embed.pow(2).mean(-1).sqrt().mean())
+    w["midlayer.self_attn.o_proj.weight"] = torch.cat(
+        [sd[layer + "self_attn.o_proj.weight"], torch.diag(rms / sd[layer + "input_layernorm.weight"])], 1)
+    w["midlayer.self_attn.o_proj.bias"] = torch.zeros(hidden)
+    for name in ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm"):
+        w[f"midlayer.{name}.weight"] = sd[layer + f"{name}.weight"]
+    w["midlayer.hidden_norm.weight"] = torch.zeros(hidden)
+    w["fc.weight"] = torch.zeros(hidden, 3 * hidden)
+    w["norm.weight"] = sd["model.norm.weight"]
+    w["lm_head.weight"] = sd["lm_head.weight"]
+    w["embed_tokens.weight"] = embed
+    config = cfg.to_dict()
+    config.update(architectures=["LlamaForCausalLMEagle3"], num_hidden_layers=1, num_attention_heads=2 * heads,
+                  num_key_value_heads=2 * heads, head_dim=head_dim, attention_bias=True,
+                  draft_vocab_size=cfg.vocab_size, target_hidden_size=hidden, norm_before_residual=True)
+    return {k: v.contiguous() for k, v in w.items()}, config
+
+
+def _save_head(weights: dict[str, Any], config: dict[str, Any], tokenizer: Any, path: Path) -> None:
+    import json
+
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True)
+    save_file(weights, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    tokenizer.save_pretrained(path)
+
+
 def _save(model: Any, tokenizer: Any, path: Path) -> None:
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
@@ -237,6 +312,8 @@ def build(root: Path | None = None) -> dict[str, Path]:
             deep_target, deep_draft = _deep_pair(factor)
             _save(deep_target, tok, tmp / f"{name}-target")
             _save(deep_draft, tok, tmp / f"{name}-draft")
+            if name in EAGLE3:
+                _save_head(*_eagle3_head(deep_target), tok, tmp / f"{name}-eagle3")
         (tmp / "README.txt").write_text(
             "specscope tiny models (random weights, for tests only)\n"
             + "".join(f"{k}: {v}\n" for k, v in MODELS.items())

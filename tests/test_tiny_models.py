@@ -63,3 +63,26 @@ def test_prompts_are_deterministic_and_varied() -> None:
     a: Any = tiny_models.prompts(20, seed=4)
     assert a == tiny_models.prompts(20, seed=4) and a != tiny_models.prompts(20, seed=5)
     assert len({len(p.split()) for p in a}) > 5
+
+
+def test_the_eagle3_heads_are_their_targets_layer_0_in_vllms_eagle3_format(tiny: dict[str, Path]) -> None:
+    import json
+
+    import torch
+    from safetensors.torch import load_file
+
+    for name in tiny_models.EAGLE3:
+        cfg = json.loads((tiny[f"{name}-eagle3"] / "config.json").read_text())
+        assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["num_hidden_layers"] == 1
+        assert cfg["norm_before_residual"] and cfg["num_attention_heads"] == 16
+        head = load_file(tiny[f"{name}-eagle3"] / "model.safetensors")
+        target = load_file(tiny[f"{name}-target"] / "model.safetensors")
+        assert not head["midlayer.hidden_norm.weight"].any() and not head["fc.weight"].any()  # hidden states unused
+        q = head["midlayer.self_attn.q_proj.weight"]
+        assert q.shape == (1024, 1024) and q[:512, :512].equal(target["model.layers.0.self_attn.q_proj.weight"])
+        assert not q[:, 512:].any()  # the hidden-state half of the input is weighted zero
+        assert head["midlayer.mlp.down_proj.weight"].equal(target["model.layers.0.mlp.down_proj.weight"])
+        assert head["lm_head.weight"].equal(target["lm_head.weight"])
+        # Heads 8-15 carry the embedding: identity values, output scaled back to the embeddings' size.
+        v = head["midlayer.self_attn.v_proj.weight"]
+        assert v[512:, :512].equal(torch.eye(512))
