@@ -138,6 +138,9 @@ class EngineSetup:
     max_num_seqs: int | None = None
     tensor_parallel_size: int | None = None
     enforce_eager: bool | None = None
+    #: vLLM's model runner, "v1" or "v2" (0.33's V2 skips the draft pass on steps where every request is on its
+    #: last token, so its speculative steps time differently).
+    model_runner: str | None = None
 
     def differences(self, other: EngineSetup) -> list[str]:
         """What differs from ``other``, in words; fields unknown on either side are not compared.
@@ -412,6 +415,9 @@ class EngineInfo:
     setup: EngineSetup | None = None
     #: The draft's cost in KV capacity, from the loaded configs and the KV cache's dtype.
     draft_memory: DraftMemory | None = None
+    #: Why :attr:`draft_memory` could not be sized or is an upper bound (a KV cache dtype of unknown size, a
+    #: quantized draft LM head); None where it is exact or there is no draft.
+    draft_memory_note: str | None = None
     #: vLLM's ``rejection_sample_method`` where set (0.33: ``fly`` is lossy, see :attr:`lossy_verification`).
     rejection_sample_method: str | None = None
 

@@ -23,7 +23,8 @@ def summary(snap: Snapshot) -> str:
     """Engine, speculative decoding (window and lifetime), KV cache and GPU memory, one topic a line."""
     e = snap.engine
     lines = [
-        f"engine   {e.server} {e.engine_version or ''}  model {e.model or 'n/a'}",
+        f"engine   {e.server} {e.engine_version or ''}  model {e.model or 'n/a'}"
+        + (f"  runner {e.setup.model_runner}" if e.setup and e.setup.model_runner else ""),
         f"spec     method {e.method or 'none'}  draft {e.draft_model or '-'}  K {e.num_speculative_tokens or '-'}"
         + (f"  verification {e.rejection_sample_method} (lossy: acceptance counts loose accepts; not comparable "
            "with exact verification)" if e.lossy_verification else ""),
@@ -70,6 +71,8 @@ def summary(snap: Snapshot) -> str:
     share = snap.cost_ratio.draft_weight_share if snap.cost_ratio else None
     if share is not None:
         lines.append(f"weights  the draft holds {percent(share)} of the two models' weights (from parameter counts)")
+    if e.draft_memory_note:
+        lines.append(f"memory   {e.draft_memory_note}")
     g = snap.gpu
     if g.available:
         for d in g.devices:

@@ -384,6 +384,13 @@ def test_lossy_verification_is_said_and_a_dropped_schedule_is_not_offered(tmp_pa
     from specscope.summary import summary
 
     assert "verification fly (lossy" in summary(snap)
+    from specscope.tui.view import spec_panel
+
+    assert "verification fly (lossy): acceptance counts loose accepts" in spec_panel(snap, 0.3).plain
+    from specscope.report import EngineReport, Report, render
+
+    page, _ = render(Report("r", "test", [EngineReport("engine", snap)]))
+    assert "verification fly (lossy: acceptance counts loose accepts; not comparable with exact" in page
     # vLLM 0.33 drops num_speculative_tokens_per_batch_size for suffix decoding: one K is offered instead, the best
     # at the operating batch (here batch 16, where none pays: remove speculation).
     hub.set_engine(EngineInfo(num_speculative_tokens=4, method="suffix", setup=SETUP))

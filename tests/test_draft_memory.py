@@ -9,7 +9,7 @@ import pytest
 
 from specscope.alerts.evaluate import Evaluator
 from specscope.alerts.rules import BY_RULE, Thresholds
-from specscope.collectors.vllm_reader import draft_memory
+from specscope.collectors.vllm_reader import draft_memory, draft_memory_note, engine_info
 from specscope.diagnostics import draft_kv_cost
 from specscope.hub import Hub, StepStats
 from specscope.model import AllocatorStats, DraftMemory, EngineInfo, GpuDevice, GpuMemory
@@ -48,6 +48,38 @@ def test_bytes_come_from_the_configs_and_dtypes() -> None:
     eagle3 = draft_memory(vllm_config(llama(1), method="eagle3"))
     assert eagle3 is not None and eagle3.draft_kv_bytes_per_token == mem.target_kv_bytes_per_token // 32
     assert draft_memory(vllm_config(None, method="ngram")) is None
+
+
+def test_a_kv_dtype_of_unknown_size_is_named_not_silent() -> None:
+    from specscope.summary import summary
+
+    octave = vllm_config(llama(16, hidden=2048), cache_dtype="octave_k3v4")  # vLLM 0.33's new KV cache dtypes
+    assert draft_memory(octave) is None
+    assert draft_memory_note(octave) == ("KV cache dtype octave_k3v4 has no size specscope knows: the draft's KV "
+                                         "cost is not estimated")
+    hub = Hub()
+    hub.set_engine(engine_info(octave))
+    assert "memory   KV cache dtype octave_k3v4 has no size" in summary(hub.snapshot())
+    quantized = vllm_config(llama(16, hidden=2048))
+    quantized.speculative_config.draft_lm_head_quantization = "fp8"
+    assert draft_memory(quantized) is not None
+    assert draft_memory_note(quantized) == ("draft LM head quantized (fp8): the draft's weights are counted "
+                                            "unquantized (upper bound)")
+    assert draft_memory_note(vllm_config(llama(16, hidden=2048), cache_dtype="fp8")) is None
+    assert draft_memory_note(vllm_config(None, method="ngram", cache_dtype="octave_k3v4")) is None  # no draft
+
+
+@pytest.mark.parametrize(("v2", "runner"), [(True, "v2"), (False, "v1")])
+def test_the_model_runner_is_part_of_the_setup_a_baseline_is_checked_against(v2: bool, runner: str) -> None:
+    from specscope.model import EngineSetup
+
+    cfg = vllm_config(llama(16, hidden=2048))
+    cfg.use_v2_model_runner = v2
+    setup = engine_info(cfg).setup
+    assert setup is not None and setup.model_runner == runner
+    assert engine_info(vllm_config(llama(16, hidden=2048))).setup.model_runner is None  # type: ignore[union-attr]
+    other = "v1" if runner == "v2" else "v2"
+    assert setup.differences(EngineSetup(model_runner=other)) == [f"model runner {runner} vs {other}"]
 
 
 def test_blocks_lost_conserve_memory() -> None:

@@ -82,7 +82,17 @@ def engine_setup(vllm_config: Any) -> EngineSetup:
         max_num_seqs=getattr(sched, "max_num_seqs", None),
         tensor_parallel_size=getattr(par, "tensor_parallel_size", None),
         enforce_eager=getattr(model_config, "enforce_eager", None),
+        model_runner=_model_runner(vllm_config),
     )
+
+
+def _model_runner(vllm_config: Any) -> str | None:
+    """"v2" or "v1": the runner vLLM chose (``VllmConfig.use_v2_model_runner``); None where it cannot say."""
+    try:
+        v2 = vllm_config.use_v2_model_runner
+    except Exception:  # an older vLLM, or a config the property cannot judge
+        return None
+    return "v2" if v2 is True else "v1" if v2 is False else None
 
 
 def engine_info(vllm_config: Any) -> EngineInfo:
@@ -117,12 +127,32 @@ def engine_info(vllm_config: Any) -> EngineInfo:
         k_schedule=schedule,
         setup=engine_setup(vllm_config),
         draft_memory=draft_memory(vllm_config),
+        draft_memory_note=draft_memory_note(vllm_config),
         rejection_sample_method=rejection if isinstance(rejection, str) else None,
     )
 
 
 _CACHE_DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1, "float16": 2, "half": 2,
                       "bfloat16": 2, "float32": 4, "float": 4}
+
+
+def _cache_dtype(vllm_config: Any) -> str:
+    return str(getattr(getattr(vllm_config, "cache_config", None), "cache_dtype", "auto"))
+
+
+def draft_memory_note(vllm_config: Any) -> str | None:
+    """Why the draft's memory cannot be sized (a KV cache dtype of unknown size, named) or is an upper bound (a
+    quantized draft LM head); None otherwise or without a draft."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is None or getattr(spec, "method", None) in MODEL_FREE_METHODS:
+        return None
+    dtype = _cache_dtype(vllm_config)
+    if dtype != "auto" and dtype not in _CACHE_DTYPE_BYTES:
+        return f"KV cache dtype {dtype} has no size specscope knows: the draft's KV cost is not estimated"
+    head_quant = getattr(spec, "draft_lm_head_quantization", None)
+    if head_quant:
+        return f"draft LM head quantized ({head_quant}): the draft's weights are counted unquantized (upper bound)"
+    return None
 
 
 def draft_memory(vllm_config: Any) -> DraftMemory | None:
@@ -139,7 +169,7 @@ def draft_memory(vllm_config: Any) -> DraftMemory | None:
     target_cfg = getattr(model_config, "hf_config", None)
     size = draft_size(method, draft_cfg, target_cfg)
     weight_bytes = getattr(getattr(model_config, "dtype", None), "itemsize", None)
-    cache_dtype = str(getattr(getattr(vllm_config, "cache_config", None), "cache_dtype", "auto"))
+    cache_dtype = _cache_dtype(vllm_config)
     kv_bytes = weight_bytes if cache_dtype == "auto" else _CACHE_DTYPE_BYTES.get(cache_dtype)
     target_kv = kv_elements_per_token(target_cfg) if target_cfg is not None else None
     if size is None or not weight_bytes or not kv_bytes or not target_kv:

@@ -127,6 +127,9 @@ def spec_panel(snap: Snapshot | None, threshold: float, history: list[float] | N
     t.append(f"acceptance {_bar(rate, 12 if compact else BAR, marker=threshold)} ")
     t.append(percent(rate), style="bold red" if weak else "bold green")
     t.append(" WEAK\n" if weak else f" (limit {percent(threshold)})\n")
+    if snap.engine.lossy_verification:
+        t.append(f"verification {snap.engine.rejection_sample_method} (lossy): acceptance counts loose accepts; "
+                 "not comparable with exact verification\n", style="yellow")
     if history:
         t.append(f"history    {spark(history, 12 if compact else BAR, top=1.0)}\n")
     a = w.alpha
@@ -222,6 +225,8 @@ def gpu_panel(snap: Snapshot | None) -> Text:
     if cost is not None:
         seqs = f", {cost.sequences:.0f} seqs" if cost.sequences is not None else ""
         t.append(f"draft costs {cost.blocks:.0f} KV blocks ({percent(cost.share)}{seqs})\n")
+    if snap.engine.draft_memory_note:
+        t.append(f"{snap.engine.draft_memory_note}\n")
     return t
 
 
