@@ -16,7 +16,11 @@ models built here with fixed seeds and a byte-level BPE tokenizer trained on gen
   ``norm_before_residual``), so the head predicts as the layer-0 draft does while vLLM runs the whole EAGLE-3
   path (auxiliary hidden states, ``fc``, the head's own KV cache, its shifted prefill). Eight extra attention
   heads attend to their own position only and carry the token's embedding into the residual stream, where a
-  trained head's ``fc`` output would be.
+  trained head's ``fc`` output would be;
+- an **MTP model**, ``deep01-mimo``: the deep01 target in the layout of Xiaomi's MiMo (Qwen2 layers, zero QKV
+  biases: the same function) with one multi-token-prediction layer (vLLM's ``mtp`` method, ``MiMoMTP``), built
+  the same way: the MTP block is layer 0, its hidden-state input weighted zero and its input projection mapping
+  the normalised embedding back to the embedding.
 
 Built once and cached on disk (``$SPECSCOPE_CACHE`` or ``~/.cache/specscope``). Needs torch, transformers and
 tokenizers (the ``cpu`` or ``vllm`` extra).
@@ -54,6 +58,8 @@ DRAFTS: dict[str, str] = {
 DEEP: dict[str, float] = {"deep01": 0.01, "deep03": 0.03, "deep10": 0.1}
 #: Deep targets that get an EAGLE-3 head ``<name>-eagle3``.
 EAGLE3 = ("deep01", "deep03")
+#: The deep target that also ships as a MiMo model with one MTP layer, ``<name>-mimo``.
+MTP = "deep01"
 #: Every model ``build`` returns, with what it is.
 MODELS: dict[str, str] = {
     "target": "4-layer target of the tiny family",
@@ -63,6 +69,7 @@ MODELS: dict[str, str] = {
         (f"{name}-draft", f"exactly {name}-target's layer 0, with its embeddings and LM head"))},
     **{f"{name}-eagle3": f"EAGLE-3 head for {name}-target: its layer 0, hidden-state input weighted zero"
        for name in EAGLE3},
+    f"{MTP}-mimo": f"{MTP}-target as a MiMo model with one MTP layer (method mtp): its layer 0, hidden input zero",
 }
 
 _WORD_TEXT = (
@@ -269,6 +276,41 @@ def _eagle3_head(target: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     return {k: v.contiguous() for k, v in w.items()}, config
 
 
+def _mimo(target: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``target`` as a MiMo checkpoint (Qwen2 names, zero QKV biases) with one MTP layer that predicts as its
+    layer 0 does: MiMo's layer projects ``[hidden_norm(h), token_norm(embedding)]`` to the block's input and
+    residual; the hidden half is weighted zero and the embedding half maps the normalised embedding back to the
+    embedding (the embeddings' mean RMS), which is what layer 0 sees in the target."""
+    import torch
+
+    cfg = target.config
+    hidden = cfg.hidden_size
+    sd = {k: v.detach().clone() for k, v in target.state_dict().items()}
+    w = dict(sd)
+    for key, weight in sd.items():  # Qwen2's attention has QKV biases
+        if key.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")):
+            w[key.removesuffix("weight") + "bias"] = torch.zeros(weight.shape[0])
+    layer, mtp = "model.layers.0.", "model.mtp_layers.0."
+    for key in [k for k in w if k.startswith(layer)]:
+        w[mtp + key.removeprefix(layer)] = w[key].clone()
+    embed = sd["model.embed_tokens.weight"]
+    rms = float(embed.pow(2).mean(-1).sqrt().mean())
+    w[mtp + "token_layernorm.weight"] = torch.ones(hidden)
+    w[mtp + "hidden_layernorm.weight"] = torch.ones(hidden)
+    w[mtp + "input_proj.weight"] = torch.cat([torch.zeros(hidden, hidden), rms * torch.eye(hidden)], 1)
+    w[mtp + "final_layernorm.weight"] = sd["model.norm.weight"].clone()
+    config = {
+        "architectures": ["MiMoForCausalLM"], "model_type": "qwen2", "vocab_size": cfg.vocab_size,
+        "hidden_size": hidden, "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_hidden_layers, "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads, "max_position_embeddings": cfg.max_position_embeddings,
+        "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False,
+        "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32", "num_nextn_predict_layers": 1,
+        "use_sliding_window": False,
+    }
+    return {k: v.contiguous() for k, v in w.items()}, config
+
+
 def _save_head(weights: dict[str, Any], config: dict[str, Any], tokenizer: Any, path: Path) -> None:
     import json
 
@@ -314,6 +356,8 @@ def build(root: Path | None = None) -> dict[str, Path]:
             _save(deep_draft, tok, tmp / f"{name}-draft")
             if name in EAGLE3:
                 _save_head(*_eagle3_head(deep_target), tok, tmp / f"{name}-eagle3")
+            if name == MTP:
+                _save_head(*_mimo(deep_target), tok, tmp / f"{name}-mimo")
         (tmp / "README.txt").write_text(
             "specscope tiny models (random weights, for tests only)\n"
             + "".join(f"{k}: {v}\n" for k, v in MODELS.items())

@@ -86,3 +86,20 @@ def test_the_eagle3_heads_are_their_targets_layer_0_in_vllms_eagle3_format(tiny:
         # Heads 8-15 carry the embedding: identity values, output scaled back to the embeddings' size.
         v = head["midlayer.self_attn.v_proj.weight"]
         assert v[512:, :512].equal(torch.eye(512))
+
+
+def test_the_mtp_model_is_the_deep_target_with_its_layer_0_as_the_mtp_layer(tiny: dict[str, Path]) -> None:
+    import json
+
+    from safetensors.torch import load_file
+
+    mimo = tiny[f"{tiny_models.MTP}-mimo"]
+    cfg = json.loads((mimo / "config.json").read_text())
+    assert cfg["architectures"] == ["MiMoForCausalLM"] and cfg["num_nextn_predict_layers"] == 1
+    w = load_file(mimo / "model.safetensors")
+    target = load_file(tiny[f"{tiny_models.MTP}-target"] / "model.safetensors")
+    assert all(w[k].equal(v) for k, v in target.items())  # the target itself, unchanged ...
+    assert not w["model.layers.3.self_attn.q_proj.bias"].any()  # ... with Qwen2's (zero) QKV biases
+    assert w["model.mtp_layers.0.mlp.up_proj.weight"].equal(target["model.layers.0.mlp.up_proj.weight"])
+    proj = w["model.mtp_layers.0.input_proj.weight"]
+    assert proj.shape == (512, 1024) and not proj[:, :512].any()  # the hidden-state half is weighted zero
