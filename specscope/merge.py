@@ -8,13 +8,11 @@ the process that heard from that engine last; request records are the newest of 
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 from dataclasses import replace
 
 from specscope.model import (
     Attribution,
-    ClassCounts,
     EngineInfo,
     EngineView,
     Health,
@@ -157,13 +155,6 @@ def _add_latency(snaps: Sequence[Snapshot]) -> tuple[OperationLatency, ...]:
     return tuple(ops[k] for k in sorted(ops))
 
 
-def _add_counts(a: ClassCounts, b: ClassCounts) -> ClassCounts:
-    n = max(len(a.accepted_by_position), len(b.accepted_by_position))
-    pa, pb = (tuple(p) + (0,) * (n - len(p)) for p in (a.accepted_by_position, b.accepted_by_position))
-    return ClassCounts(a.requests + b.requests, a.spec_steps + b.spec_steps, a.draft_tokens + b.draft_tokens,
-                       a.accepted + b.accepted, tuple(map(operator.add, pa, pb)))
-
-
 def _add_classes(snaps: Sequence[Snapshot]) -> tuple[TrafficClass, ...]:
     """Each traffic class summed over the processes, by name (most requests first)."""
     out: dict[str, TrafficClass] = {}
@@ -171,7 +162,7 @@ def _add_classes(snaps: Sequence[Snapshot]) -> tuple[TrafficClass, ...]:
         for c in s.classes:
             mine = out.get(c.name)
             out[c.name] = c if mine is None else TrafficClass(
-                c.name, _add_counts(mine.window, c.window), _add_counts(mine.lifetime, c.lifetime))
+                c.name, mine.window + c.window, mine.lifetime + c.lifetime)
     return tuple(sorted(out.values(), key=lambda c: (-c.lifetime.requests, c.name)))
 
 

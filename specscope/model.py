@@ -533,6 +533,14 @@ class ClassCounts:
     #: Accepted tokens at each draft position (from the requests' acceptance histograms).
     accepted_by_position: tuple[int, ...] = ()
 
+    def __add__(self, other: ClassCounts) -> ClassCounts:
+        """Both classes' counts summed (the shorter per-position row padded with zeros)."""
+        a, b = self.accepted_by_position, other.accepted_by_position
+        n = max(len(a), len(b))
+        return ClassCounts(self.requests + other.requests, self.spec_steps + other.spec_steps,
+                           self.draft_tokens + other.draft_tokens, self.accepted + other.accepted,
+                           tuple(x + y for x, y in zip(a + (0,) * (n - len(a)), b + (0,) * (n - len(b)), strict=True)))
+
     @property
     def acceptance_rate(self) -> float | None:
         """accepted / drafted; None before anything was drafted."""

@@ -15,7 +15,7 @@ import itertools
 import operator
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specscope import classes
@@ -77,14 +77,14 @@ class RequestLog:
         self.tpot = _Hist(TPOT_BOUNDS)
         #: operation name -> its e2e, TTFT and TPOT histograms (the GenAI metrics are split by operation)
         self._by_operation: dict[str, tuple[_Hist, _Hist, _Hist]] = {}
-        self._attributed = [0, 0, 0, 0]  # requests, spec steps, draft tokens, accepted
+        self._attributed = _Row()
         self._positions = [[0, 0] for _ in range(len(OUTPUT_POSITION_BOUNDS) + 1)]  # [drafted, accepted]
         self._positions_seen = False
-        #: class name -> [requests, spec steps, draft tokens, accepted, accepted at position 0, 1, ...]
-        self._classes: dict[str, list[int]] = {}
+        #: class name -> its running counts
+        self._classes: dict[str, _Row] = {}
         #: The same rows by the second the requests finished in (the last ``history_s`` seconds): windows of any
         #: length are summed from at most that many seconds, not from every record.
-        self._class_seconds: dict[int, dict[str, list[int]]] = {}
+        self._class_seconds: dict[int, dict[str, _Row]] = {}
         self._folded: set[str] = set()
 
     def add_part(self, request_id: str, now: float, fields: dict[str, Any]) -> list[RequestRecord]:
@@ -165,7 +165,8 @@ class RequestLog:
 
     def attribution(self) -> Attribution:
         """Speculative counts summed over every final record so far (not only the kept ones)."""
-        return Attribution(*self._attributed)
+        a = self._attributed
+        return Attribution(a.requests, a.spec_steps, a.draft_tokens, a.accepted)
 
     def class_key(self, name: str | None) -> str | None:
         """Where a request of class ``name`` is counted: its name while fewer than ``max_classes`` names have rows
@@ -180,25 +181,19 @@ class RequestLog:
 
     def class_totals(self) -> dict[str, ClassCounts]:
         """Every final record's counts so far, by class."""
-        return {name: _class_counts(row) for name, row in self._classes.items()}
+        return {name: row.counts() for name, row in self._classes.items()}
 
     def window_classes(self, since: float) -> dict[str, ClassCounts]:
         """The counts, by class, of the final records that finished at or after ``since`` (to the second)."""
         start = int(since)
-        rows: dict[str, list[int]] = {}
+        out: dict[str, ClassCounts] = {}
         for second, by_key in self._class_seconds.items():
             if second < start:
                 continue
             for key, row in by_key.items():
-                mine = rows.get(key)
-                if mine is None:
-                    rows[key] = list(row)
-                    continue
-                if len(mine) < len(row):
-                    mine.extend([0] * (len(row) - len(mine)))
-                for i, v in enumerate(row):
-                    mine[i] += v
-        return {key: _class_counts(row) for key, row in rows.items()}
+                counts = row.counts()
+                out[key] = out[key] + counts if key in out else counts
+        return out
 
     def clear_class_window(self) -> None:
         """Forget the class rows by second (a window reset); the lifetime sums stay."""
@@ -214,8 +209,8 @@ class RequestLog:
             return
         row = self._classes.get(key)
         if row is None:
-            row = self._classes[key] = [0, 0, 0, 0]
-        _add_record(row, rec, sign)
+            row = self._classes[key] = _Row()
+        row.add_record(rec, sign)
         second = int(rec.finished_at)
         by_key = self._class_seconds.get(second)
         if by_key is None:
@@ -223,7 +218,10 @@ class RequestLog:
             if len(self._class_seconds) > self.history_s + 64:  # drop what no window reaches, now and then
                 oldest = max(self._class_seconds) - self.history_s
                 self._class_seconds = {s: k for s, k in self._class_seconds.items() if s >= oldest}
-        _add_record(by_key.setdefault(key, [0, 0, 0, 0]), rec, sign)
+        row = by_key.get(key)
+        if row is None:
+            row = by_key[key] = _Row()
+        row.add_record(rec, sign)
 
     def _finalize(self, rec: RequestRecord) -> RequestRecord:
         self._final_seq += 1
@@ -231,7 +229,7 @@ class RequestLog:
             rec = replace(rec, final_seq=self._final_seq)
             self.recent[rec.request_id] = rec
         self._observe(rec, _NOTHING)
-        self._attributed[0] += 1
+        self._attributed.requests += 1
         self._count_class(rec, 1)
         return rec
 
@@ -258,30 +256,40 @@ class RequestLog:
                     if hist is not None:
                         hist.observe(v)
         att = self._attributed
-        att[1] += (rec.spec_steps or 0) - (before.spec_steps or 0)
-        att[2] += (rec.draft_tokens or 0) - (before.draft_tokens or 0)
-        att[3] += (rec.accepted_tokens or 0) - (before.accepted_tokens or 0)
+        att.spec_steps += (rec.spec_steps or 0) - (before.spec_steps or 0)
+        att.draft_tokens += (rec.draft_tokens or 0) - (before.draft_tokens or 0)
+        att.accepted += (rec.accepted_tokens or 0) - (before.accepted_tokens or 0)
 
 
-def _add_record(row: list[int], rec: RequestRecord, sign: int = 1) -> None:
-    """Add (or with ``sign`` -1, take away) one request's counts to a class's ``row``."""
-    row[0] += sign
-    row[1] += sign * (rec.spec_steps or 0)
-    row[2] += sign * (rec.draft_tokens or 0)
-    row[3] += sign * (rec.accepted_tokens or 0)
-    hist = rec.acceptance_histogram
-    if hist:
-        # Steps that accepted exactly j tokens accepted one at each position below j.
-        for pos, accepted in enumerate(itertools.accumulate(reversed(hist[1:]))):
-            i = len(hist) - 2 - pos + 4
-            while len(row) <= i:
-                row.append(0)
-            row[i] += sign * accepted
+@dataclass(slots=True)
+class _Row:
+    """Running speculative counts of a set of finished requests (a traffic class, or all attributed ones)."""
 
+    requests: int = 0
+    spec_steps: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+    #: Accepted tokens at each draft position.
+    by_position: list[int] = field(default_factory=list)
 
-def _class_counts(row: list[int]) -> ClassCounts:
-    """A class's counts from its row (see :func:`_add_record`)."""
-    return ClassCounts(row[0], row[1], row[2], row[3], tuple(row[4:]))
+    def add_record(self, rec: RequestRecord, sign: int = 1) -> None:
+        """Add (or with ``sign`` -1, take away) one request's counts."""
+        self.requests += sign
+        self.spec_steps += sign * (rec.spec_steps or 0)
+        self.draft_tokens += sign * (rec.draft_tokens or 0)
+        self.accepted += sign * (rec.accepted_tokens or 0)
+        hist = rec.acceptance_histogram
+        if hist:
+            # Steps that accepted exactly j tokens accepted one at each position below j.
+            positions = self.by_position
+            if len(positions) < len(hist) - 1:
+                positions.extend([0] * (len(hist) - 1 - len(positions)))
+            for i, accepted in enumerate(reversed(list(itertools.accumulate(reversed(hist[1:]))))):
+                positions[i] += sign * accepted
+
+    def counts(self) -> ClassCounts:
+        """The counts, frozen."""
+        return ClassCounts(self.requests, self.spec_steps, self.draft_tokens, self.accepted, tuple(self.by_position))
 
 
 #: Folded class names remembered (to count them once); past it they are still counted as other, not remembered.

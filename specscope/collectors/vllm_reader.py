@@ -311,9 +311,13 @@ def read_steps(times: Sequence[float], scheduler_stats: Sequence[Any], iteration
     # Each step's batch, whether it carried prefill, and a pure decode step's duration.
     timing = [_timing(*step) for step in zip(running, n_finished, itl, ttft, strict=True)]
     batch, decode_s, prefill, first_tokens, first_token_s = zip(*timing, strict=True) if timing else [()] * 5
-    return StepBatch(times, running, waiting, kv_usage, preempted, pc_queries, pc_hits, prompt, generated, n_finished,
-                     finished_tokens, k, drafts, draft_tokens, accepted, per_pos, dt_per_pos, rejected, batch, decode_s,
-                     prefill, first_tokens, first_token_s)
+    return StepBatch(
+        times=times, running=running, waiting=waiting, kv_usage=kv_usage, preemptions=preempted,
+        prefix_cache_queries=pc_queries, prefix_cache_hits=pc_hits, prompt_tokens=prompt, generation_tokens=generated,
+        finished=n_finished, finished_tokens=finished_tokens, num_spec_tokens=k, drafts=drafts,
+        draft_tokens=draft_tokens, accepted=accepted, accepted_per_pos=per_pos, draft_tokens_per_pos=dt_per_pos,
+        rejections=rejected, batch=batch, decode_s=decode_s, prefill=prefill, first_tokens=first_tokens,
+        first_token_s=first_token_s)
 
 
 def _whole_spec(*columns: Sequence[Any]) -> list[Sequence[Any]]:
