@@ -21,6 +21,7 @@ Each estimate says which.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 from dataclasses import asdict, dataclass, replace
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from specscope import acceptance as acc
+from specscope import intervals
 from specscope.model import (
     SCHEDULABLE_METHODS,
     CostRatio,
@@ -514,15 +516,7 @@ def save_profile(profile: StepProfile, path: str | Path) -> None:
 
 def merge_profiles(profiles: list[StepProfile]) -> StepProfile:
     """One baseline from several calibrations of the same setup (step-weighted means by batch size)."""
-    sums: dict[int, list[float]] = {}
-    for p in profiles:
-        for t in p.times:
-            row = sums.setdefault(t.batch_size, [0, 0.0])
-            row[0] += t.steps
-            row[1] += t.steps * t.mean_s
-    times = tuple(StepTime(b, int(n), total / n) for b, (n, total) in sorted(sums.items()) if n)
-    return StepProfile(times, profiles[0].source if profiles else "no calibration",
-                       profiles[0].setup if profiles else None)
+    return functools.reduce(intervals.add, profiles) if profiles else StepProfile((), "no calibration")
 
 
 def load_profile(path: str | Path) -> StepProfile:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+from specscope import intervals
 from specscope.model import (
-    Attribution,
     EngineInfo,
     EngineView,
     Health,
@@ -21,10 +21,6 @@ from specscope.model import (
     OperationLatency,
     PositionAcceptance,
     Snapshot,
-    SpecCounts,
-    StepProfile,
-    StepTime,
-    Totals,
     TrafficClass,
 )
 
@@ -32,49 +28,6 @@ from specscope.model import (
 def _add_seq(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
     n = max(len(a), len(b))
     return tuple((a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n))
-
-
-def add_spec(a: SpecCounts | None, b: SpecCounts | None) -> SpecCounts | None:
-    """The sum of two intervals' speculative counts."""
-    if a is None or b is None:
-        return a or b
-    rejections = None if a.rejections is None or b.rejections is None else a.rejections + b.rejections
-    return SpecCounts(max(a.num_spec_tokens, b.num_spec_tokens), a.drafts + b.drafts, a.draft_tokens + b.draft_tokens,
-                      a.accepted + b.accepted, _add_seq(a.accepted_per_pos, b.accepted_per_pos),
-                      _add_seq(a.draft_tokens_per_pos, b.draft_tokens_per_pos), rejections)
-
-
-def add_steps(a: StepProfile, b: StepProfile) -> StepProfile:
-    """Step times of two intervals by batch size (means weighted by steps)."""
-    rows: dict[int, StepTime] = {t.batch_size: t for t in a.times}
-    for t in b.times:
-        o = rows.get(t.batch_size)
-        if o is None:
-            rows[t.batch_size] = t
-            continue
-        steps = o.steps + t.steps
-        mean = (o.steps * o.mean_s + t.steps * t.mean_s) / steps if steps else 0.0
-        rows[t.batch_size] = StepTime(t.batch_size, steps, mean, o.tokens + t.tokens, o.prefill_steps + t.prefill_steps,
-                                      o.prefill_s + t.prefill_s, o.prefill_tokens + t.prefill_tokens,
-                                      o.first_tokens + t.first_tokens)
-    return StepProfile(tuple(rows[b] for b in sorted(rows)), a.source)
-
-
-def add_totals(a: Totals, b: Totals) -> Totals:
-    """Two processes' counts over the same interval."""
-    return Totals(
-        seconds=max(a.seconds, b.seconds),
-        steps=a.steps + b.steps,
-        prompt_tokens=a.prompt_tokens + b.prompt_tokens,
-        generation_tokens=a.generation_tokens + b.generation_tokens,
-        requests=a.requests + b.requests,
-        preemptions=a.preemptions + b.preemptions,
-        prefix_cache_queries=a.prefix_cache_queries + b.prefix_cache_queries,
-        prefix_cache_hits=a.prefix_cache_hits + b.prefix_cache_hits,
-        spec=add_spec(a.spec, b.spec),
-        step_times=add_steps(a.step_times, b.step_times),
-        prefills=a.prefills + b.prefills,
-    )
 
 
 def _add_hist(a: Histogram | None, b: Histogram | None) -> Histogram | None:
@@ -96,13 +49,6 @@ def _add_positions(a: PositionAcceptance | None, b: PositionAcceptance | None) -
     return PositionAcceptance(a.bounds, _add_seq(a.draft_tokens, b.draft_tokens), _add_seq(a.accepted, b.accepted))
 
 
-def _add_attribution(a: Attribution | None, b: Attribution | None) -> Attribution | None:
-    if a is None or b is None:
-        return a or b
-    return Attribution(a.requests + b.requests, a.spec_steps + b.spec_steps, a.draft_tokens + b.draft_tokens,
-                       a.accepted + b.accepted)
-
-
 def _add_health(a: Health, b: Health) -> Health:
     errors: dict[str, int] = dict(a.errors)
     for where, n in b.errors:
@@ -119,8 +65,8 @@ def _merge_engines(snaps: Sequence[Snapshot]) -> tuple[EngineView, ...]:
                 out[e.index] = e
                 continue
             newer = e if (e.updated_at or 0.0) >= (o.updated_at or 0.0) else o  # the gauges last reported
-            window = add_totals(o.window, e.window)
-            out[e.index] = replace(newer, lifetime=add_totals(o.lifetime, e.lifetime), window=window,
+            window = intervals.add(o.window, e.window)
+            out[e.index] = replace(newer, lifetime=intervals.add(o.lifetime, e.lifetime), window=window,
                                    decode_batch=window.step_times.busiest() or newer.decode_batch)
     return tuple(out[i] for i in sorted(out))
 
@@ -176,12 +122,12 @@ def merge(snaps: Sequence[Snapshot], max_requests: int = 1000) -> Snapshot:
              first.time_to_first_token, first.time_per_output_token]
     positions, attributed, health = first.acceptance_by_output_position, first.attributed, first.health
     for s in snaps[1:]:
-        life, window = add_totals(life, s.lifetime), add_totals(window, s.window)
+        life, window = intervals.add(life, s.lifetime), intervals.add(window, s.window)
         theirs = [s.request_acceptance_rate, s.request_acceptance_length, s.request_duration,
                   s.time_to_first_token, s.time_per_output_token]
         hists = [_add_hist(a, b) for a, b in zip(hists, theirs, strict=True)]
         positions = _add_positions(positions, s.acceptance_by_output_position)
-        attributed = _add_attribution(attributed, s.attributed)
+        attributed = intervals.add(attributed, s.attributed)
         health = _add_health(health, s.health)
     engines = _merge_engines(snaps)
     requests = sorted((r for s in snaps for r in s.requests), key=lambda r: r.finished_at)[-max_requests:]

@@ -37,7 +37,7 @@ TPOT_BOUNDS: tuple[float, ...] = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
 class SpecCounts:
     """Speculative-decoding counts over some interval (lifetime or a window)."""
 
-    num_spec_tokens: int
+    num_spec_tokens: int = field(metadata={"combine": "keep"})
     drafts: int = 0
     draft_tokens: int = 0
     accepted: int = 0
@@ -111,9 +111,9 @@ class StepTime:
     ``prefill_tokens`` and ended the prefill of ``first_tokens`` requests.
     """
 
-    batch_size: int
+    batch_size: int = field(metadata={"combine": "key"})
     steps: int
-    mean_s: float
+    mean_s: float = field(metadata={"combine": "mean", "weight": "steps"})
     tokens: int = 0
     prefill_steps: int = 0
     prefill_s: float = 0.0
@@ -190,7 +190,7 @@ class StepProfile:
 class Totals:
     """Engine counts over an interval: the lifetime or the sliding window."""
 
-    seconds: float
+    seconds: float = field(metadata={"combine": "span"})
     steps: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0

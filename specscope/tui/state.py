@@ -13,11 +13,12 @@ import time
 from collections import deque
 from dataclasses import dataclass, replace
 
+from specscope import intervals
 from specscope.alerts.evaluate import Alert, Evaluator
 from specscope.alerts.rules import Thresholds
 from specscope.collectors.scrape import Source, SourceError, WindowedSource
 from specscope.diagnostics import with_baseline
-from specscope.model import Snapshot, SpecCounts, StepProfile, StepTime, Totals
+from specscope.model import Snapshot, SpecCounts, StepProfile, Totals
 
 #: History points kept per target (one per poll): 15 minutes at the default interval.
 HISTORY = 900
@@ -34,61 +35,11 @@ class Point:
     engines: dict[int, Totals]
 
 
-def minus(a: Totals, b: Totals) -> Totals:
-    """The counts of ``a`` since ``b`` (both lifetime totals of one engine)."""
-    spec = a.spec
-    if a.spec is not None and b.spec is not None:
-        spec = SpecCounts(
-            num_spec_tokens=a.spec.num_spec_tokens,
-            drafts=a.spec.drafts - b.spec.drafts,
-            draft_tokens=a.spec.draft_tokens - b.spec.draft_tokens,
-            accepted=a.spec.accepted - b.spec.accepted,
-            accepted_per_pos=tuple(x - y for x, y in zip(a.spec.accepted_per_pos, b.spec.accepted_per_pos,
-                                                         strict=False)),
-            draft_tokens_per_pos=tuple(x - y for x, y in zip(a.spec.draft_tokens_per_pos,
-                                                             b.spec.draft_tokens_per_pos, strict=False)),
-            rejections=None if a.spec.rejections is None or b.spec.rejections is None
-            else a.spec.rejections - b.spec.rejections,
-        )
-    return Totals(
-        seconds=a.seconds - b.seconds,
-        steps=a.steps - b.steps,
-        prompt_tokens=a.prompt_tokens - b.prompt_tokens,
-        generation_tokens=a.generation_tokens - b.generation_tokens,
-        requests=a.requests - b.requests,
-        preemptions=a.preemptions - b.preemptions,
-        prefix_cache_queries=a.prefix_cache_queries - b.prefix_cache_queries,
-        prefix_cache_hits=a.prefix_cache_hits - b.prefix_cache_hits,
-        spec=spec,
-        step_times=_minus_steps(a.step_times, b.step_times),
-        prefills=a.prefills - b.prefills,
-    )
-
-
-def _minus_steps(a: StepProfile, b: StepProfile) -> StepProfile:
-    """The steps of ``a`` since ``b`` (lifetime step times of one engine), batch size by batch size."""
-    before = {t.batch_size: t for t in b.times}
-    out = []
-    for t in a.times:
-        o = before.get(t.batch_size)
-        if o is None:
-            out.append(t)
-            continue
-        steps = t.steps - o.steps
-        if steps <= 0 and t.prefill_steps <= o.prefill_steps:
-            continue
-        mean = (t.steps * t.mean_s - o.steps * o.mean_s) / steps if steps > 0 else 0.0
-        out.append(StepTime(t.batch_size, max(0, steps), mean, t.tokens - o.tokens, t.prefill_steps - o.prefill_steps,
-                            t.prefill_s - o.prefill_s, t.prefill_tokens - o.prefill_tokens,
-                            t.first_tokens - o.first_tokens))
-    return StepProfile(tuple(out), a.source)
-
-
 def _since(now: Totals, then: Totals | None, fresh: bool) -> Totals:
     """The counts since ``then`` (all of them for an engine that appeared since); empty on the first poll."""
     if fresh:
         return Totals(seconds=0.0, spec=SpecCounts(now.spec.num_spec_tokens) if now.spec else None)
-    return now if then is None else minus(now, then)
+    return now if then is None else intervals.since(now, then)
 
 
 class Target:
@@ -182,7 +133,7 @@ class Target:
             if what == "kv_usage":
                 out.append(b.kv_usage or 0.0)
                 continue
-            d = minus(b.lifetime, a.lifetime)
+            d = intervals.since(b.lifetime, a.lifetime)
             if what == "acceptance":
                 out.append((d.spec.acceptance_rate or 0.0) if d.spec else 0.0)
             else:

@@ -12,7 +12,8 @@ from specscope.collectors.promtext import parse
 from specscope.collectors.scrape import EndpointSource, SourceError, sglang_snapshot, sglang_source, vllm_snapshot
 from specscope.endpoint import Endpoint
 from specscope.model import Snapshot
-from specscope.tui.state import Target, minus
+from specscope.intervals import since
+from specscope.tui.state import Target
 from tests.tui.helpers import Clock, busy_hub, feed, http_server, reply
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
@@ -179,7 +180,7 @@ def test_window_comes_from_the_history_of_polls() -> None:
     assert w is not None and w.window.spec is not None
     assert w.window.spec.draft_tokens == 10 * 10 * 4 and w.window.spec.accepted == 0
     assert w.window.spec.acceptance_rate == 0.0 and w.window.seconds == pytest.approx(10.0)
-    assert minus(w.lifetime, w.lifetime).generation_tokens == 0
+    assert since(w.lifetime, w.lifetime).generation_tokens == 0
     assert t.series("acceptance") == [0.0] and t.series("tokens_per_s") == [pytest.approx(40.0)]
     alerts = t.evaluate()
     assert [a.rule for a in alerts] == ["SpecscopeAcceptanceCollapse"] and alerts[0].state == "pending"
