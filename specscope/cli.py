@@ -164,15 +164,36 @@ def _calibrate(args: argparse.Namespace) -> int:
         print("specscope: error: the baseline is the target without speculation; drop speculative_config",
               file=sys.stderr)
         return 2
+    from specscope.evaluate import InputError, load_prompts, prepare
     from specscope.wrapper import LLM, measure_step_times
 
+    try:
+        prompts = load_prompts(args.prompts)[0] if args.prompts else None
+    except InputError as exc:
+        print(f"specscope: error: {exc}", file=sys.stderr)
+        return 2
     try:
         llm = LLM(args.model, **engine)
     except Exception as exc:
         print(f"specscope: error: the engine did not start: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
-    profile = measure_step_times(llm, sizes, args.tokens)
+    workload = None
+    if prompts:
+        try:
+            workload = prepare(prompts, llm.get_tokenizer(), llm.llm_engine.vllm_config.model_config.max_model_len,
+                               args.tokens)
+        except InputError as exc:
+            print(f"specscope: error: {exc}", file=sys.stderr)
+            return 2
+        if not workload.prompts:
+            print(f"specscope: error: no prompt in {args.prompts} fits max_model_len with --tokens {args.tokens}",
+                  file=sys.stderr)
+            return 2
+    profile = measure_step_times(llm, sizes, args.tokens, prompts=workload.prompts if workload else None)
     save_profile(profile, args.out)
+    if workload:
+        mean = sum(len(p["prompt_token_ids"]) for p in workload.prompts) / len(workload.prompts)
+        print(f"on {len(workload.prompts)} prompts of {args.prompts} (mean {mean:.0f} prompt tokens)")
     for t in profile.times:
         print(f"batch {t.batch_size:>4}: {1e3 * t.mean_s:8.2f} ms per decode step ({t.steps} steps)")
     print(f"wrote {args.out}; pass it as specscope.LLM(..., specscope_baseline=...) or SPECSCOPE_BASELINE")
@@ -292,6 +313,10 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("model", help="target model (as for vllm.LLM)")
     cal.add_argument("--batch-sizes", default="1,2,4,8,16", help="comma-separated batch sizes (default 1,2,4,8,16)")
     cal.add_argument("--tokens", type=int, default=64, help="tokens generated per request (default 64)")
+    cal.add_argument("--prompts", metavar="FILE",
+                     help="calibrate on these prompts (the formats specscope evaluate takes): a decode step's time "
+                          "grows with the context, so a baseline of short prompts is too fast for long-context "
+                          "traffic (default: short generated prompts)")
     cal.add_argument("--out", default="specscope-baseline.json", help="file to write")
     cal.add_argument("--engine-arg", action="append", metavar="NAME=VALUE",
                      help="a vllm.LLM argument; VALUE is JSON when it parses (e.g. max_model_len=512)")

@@ -224,20 +224,28 @@ def _traffic_class(value: str | None) -> Iterator[None]:
         vllm_hook.TRAFFIC_CLASS.reset(token)
 
 
-def measure_step_times(llm: LLM, batch_sizes: Sequence[int], tokens: int = 64, rounds: int = 2) -> StepProfile:
+def measure_step_times(llm: LLM, batch_sizes: Sequence[int], tokens: int = 64, rounds: int = 2,
+                       prompts: Sequence[Any] | None = None) -> StepProfile:
     """Run greedy batches of each size for ``tokens`` tokens and return the engine's decode-step times.
 
     On an engine without speculation this is the baseline that turns a speculative engine's step times into a
     measured cost ratio (``specscope calibrate`` writes it to a file, with the engine's setup). Every request
     generates exactly ``tokens`` tokens, so each batch keeps its size to the end. One short untimed round first
-    warms the engine up (a fresh engine's first steps are slower).
+    warms the engine up (a fresh engine's first steps are slower). A decode step's time grows with the context it
+    attends over, so ``prompts`` (text or vLLM prompts, taken in turn) should be like the workload's: a baseline
+    of short prompts is too fast for long-context traffic, and c then comes out too high.
     """
     from vllm import SamplingParams
+
+    def batch(b: int) -> list[Any]:
+        if prompts:
+            return [prompts[i % len(prompts)] for i in range(b)]
+        return [f"calibration prompt {i}: the quick brown fox" for i in range(b)]
 
     def run(max_tokens: int) -> None:
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         for b in batch_sizes:
-            llm.generate([f"calibration prompt {i}: the quick brown fox" for i in range(b)], params, use_tqdm=False)
+            llm.generate(batch(b), params, use_tqdm=False)
 
     run(8)
     before = {t.batch_size: t for t in llm.snapshot().lifetime.step_times.times}
