@@ -283,11 +283,20 @@ def _basis(cost: CostRatio, measured: bool) -> str:
 
 def estimate(snap: Snapshot, cost: CostRatio | None = None, batch_size: int | None = None) -> SpeedupEstimate | None:
     """The estimate at ``batch_size`` (default: the snapshot's operating batch, ``decode_batch``); None without the
-    inputs.
+    inputs. Computed once per snapshot and batch size (kept in ``snap.derived``) unless ``cost`` is given.
 
     c is, in order: ``cost`` if given, measured against a usable baseline, the verify model for model-free
     methods, else the snapshot's estimate from parameters.
     """
+    if cost is not None:
+        return _estimate(snap, cost, batch_size)
+    key = ("estimate", batch_size)
+    if key not in snap.derived:
+        snap.derived[key] = _estimate(snap, None, batch_size)
+    return snap.derived[key]
+
+
+def _estimate(snap: Snapshot, cost: CostRatio | None, batch_size: int | None) -> SpeedupEstimate | None:
     spec = _spec(snap)
     batch = batch_size or snap.decode_batch
     k = snap.engine.k_at(batch) if batch else snap.engine.num_speculative_tokens

@@ -659,6 +659,10 @@ class Snapshot:
     #: :data:`specscope.classes.OTHER`, and how many distinct names were folded so is ``folded_classes``.
     classes: tuple[TrafficClass, ...] = ()
     folded_classes: int = 0
+    #: What has been derived from this snapshot (the verdict by batch size), kept with it so that every reader of
+    #: one snapshot (exporters, alert rules, the dashboard's panels) computes it once. Not part of the snapshot's
+    #: value: not compared, not encoded, and a ``replace`` starts empty.
+    derived: dict[Any, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def known(self, what: str, value: Any) -> Any:
         """``value``, or None where the source cannot provide ``what`` (it is in :attr:`unavailable`)."""
@@ -724,7 +728,7 @@ _DERIVED: dict[type, tuple[str, ...]] = {
 
 def _from_dict(cls: type, d: Any) -> Any:
     hints = _hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
     return cls(**{k: _value(hints[k], v) for k, v in d.items() if k in names})
 
 
@@ -759,7 +763,7 @@ def _value(tp: Any, v: Any) -> Any:
 @functools.cache
 def _names(cls: type) -> tuple[str, ...]:
     """A dataclass's field names, then its derived values' (what :meth:`Snapshot.to_dict` writes)."""
-    return tuple(f.name for f in dataclasses.fields(cls)) + _DERIVED.get(cls, ())
+    return tuple(f.name for f in dataclasses.fields(cls) if f.init) + _DERIVED.get(cls, ())
 
 
 def _record_dict(r: RequestRecord) -> dict[str, Any]:

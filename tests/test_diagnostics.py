@@ -28,7 +28,7 @@ from specscope.diagnostics import (
     schedule_text,
 )
 from specscope.hub import Hub, StepStats
-from specscope.model import CostRatio, EngineInfo, EngineSetup, StepProfile, StepTime
+from specscope.model import CostRatio, EngineInfo, EngineSetup, Snapshot, StepProfile, StepTime
 
 SETUP = EngineSetup(model="/m/target", architecture="LlamaForCausalLM layers=12", dtype="float32", device="cpu",
                     engine_version="0.32.0", max_num_seqs=16)
@@ -400,3 +400,19 @@ def test_lossy_verification_is_said_and_a_dropped_schedule_is_not_offered(tmp_pa
     assert "per_batch_size" not in "\n".join(schedule_text(one))
     hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model", setup=SETUP))
     assert "num_speculative_tokens_per_batch_size" in (recommended_config(hub.snapshot()) or {})
+
+
+def test_the_verdict_is_computed_once_per_snapshot_and_afresh_for_a_changed_one(tmp_path: Path) -> None:
+    clock = Clock()
+    hub = speculative_hub(clock)
+    with_baseline(hub, tmp_path)
+    snap = hub.snapshot()
+    first = estimate(snap, batch_size=1)
+    assert first is not None and first.measured
+    assert estimate(snap, batch_size=1) is first  # every reader of this snapshot shares one computation
+    assert [e.batch_size for e in by_batch_size(snap)] == [1, 16] and by_batch_size(snap)[0] is first
+    changed = replace(snap, baseline=None)
+    assert changed.derived == {}  # a changed snapshot starts afresh ...
+    again = estimate(changed, batch_size=1)
+    assert again is not None and not again.measured  # ... and its verdict follows the change
+    assert Snapshot.from_dict(snap.to_dict()) == snap and "derived" not in snap.to_dict()

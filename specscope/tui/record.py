@@ -41,7 +41,7 @@ class Recorder:
         new = sorted((r for r in snap.requests if r.final_seq > last), key=lambda r: r.final_seq)
         if new:
             self._last_seq[target] = new[-1].final_seq
-        d = dataclasses.asdict(dataclasses.replace(snap, requests=tuple(new)))
+        d = dataclasses.replace(snap, requests=tuple(new)).to_dict()
         line = json.dumps({"t": snap.time, "target": target, "snapshot": d}, separators=(",", ":")) + "\n"
         if self._written + len(line) > self.max_bytes:
             self.full = True
