@@ -3,7 +3,8 @@ speculation configured: a draft model (and an EAGLE head, on the same proposer) 
 step to keep its KV cache in step with the target; n-gram proposes nothing. Only removing ``speculative_config``
 (a restart) gives plain speed.
 
-On the deep family's f = 0.01 pair (draft model) and on n-gram over the same target, at batch 1, 4 and 16:
+On the deep family's f = 0.01 pair (draft model), its EAGLE-3 head and n-gram over the same target, at batch 1, 4
+and 16:
 
 - **measured**: output tokens/s of an engine whose schedule is K = 0 at every batch size, against the plain target,
   the batch held full for a few seconds (``steady_throughput``), the engines run alternately, medians of rounds;
@@ -11,14 +12,15 @@ On the deep family's f = 0.01 pair (draft model) and on n-gram over the same tar
   against the plain target's calibration, as an operator running K = 2 would see it in ``specscope top``;
 - the K = 2 engine's own measured speedup beside them (what the schedule gives up by choosing K = 0 there).
 
-Run: python benchmarks/bench_k0.py [--rounds 3]
-Results: benchmarks/results/k0.json
+Run: python benchmarks/bench_k0.py [--rounds 3] [--methods draft,eagle3,ngram]
+Results: benchmarks/results/k0.json (a run of some methods keeps the saved cells of the others)
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import statistics
 import sys
@@ -29,7 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-from benchmarks._common import write
+from benchmarks._common import RESULTS, write
 from specscope import tiny_models
 from specscope.wrapper import measure_step_times, steady_throughput
 
@@ -41,39 +43,41 @@ ENGINE: dict[str, Any] = {"enforce_eager": True, "dtype": "float32", "max_model_
                           "enable_prefix_caching": False, "max_num_seqs": 16}
 #: K = 0 at every batch size (vLLM needs num_speculative_tokens > 0 beside it).
 ALL_ZERO = [[1, 16, 0]]
+#: method name -> speculative_config without K (model names are tiny_models names).
+METHODS: dict[str, dict[str, Any]] = {
+    "draft": {"method": "draft_model", "model": "deep01-draft"},
+    "eagle3": {"method": "eagle3", "model": "deep01-eagle3"},
+    "ngram": {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4},
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--methods", default=",".join(METHODS))
     args = parser.parse_args()
+    methods = args.methods.split(",")
     from vllm import SamplingParams
 
     import specscope
     from specscope.diagnostics import estimate
 
     models = tiny_models.build()
-    target, draft = str(models["deep01-target"]), str(models["deep01-draft"])
+    target = str(models["deep01-target"])
     t0 = time.monotonic()
-    engines = {
-        "plain": specscope.LLM(target, specscope_hub=specscope.Hub(), **ENGINE),
-        "draft K=2": specscope.LLM(target, specscope_hub=specscope.Hub(), **ENGINE, speculative_config={
-            "method": "draft_model", "model": draft, "num_speculative_tokens": 2}),
-        "draft K=0": specscope.LLM(target, specscope_hub=specscope.Hub(), **ENGINE, speculative_config={
-            "method": "draft_model", "model": draft, "num_speculative_tokens": 2,
-            "num_speculative_tokens_per_batch_size": ALL_ZERO}),
-        "ngram K=2": specscope.LLM(target, specscope_hub=specscope.Hub(), **ENGINE, speculative_config={
-            "method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4, "num_speculative_tokens": 2}),
-        "ngram K=0": specscope.LLM(target, specscope_hub=specscope.Hub(), **ENGINE, speculative_config={
-            "method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4, "num_speculative_tokens": 2,
-            "num_speculative_tokens_per_batch_size": ALL_ZERO}),
-    }
+    engines = {"plain": specscope.LLM(target, specscope_hub=specscope.Hub(), **ENGINE)}
+    for m in methods:
+        config = {k: str(models[v]) if k == "model" else v for k, v in METHODS[m].items()}
+        engines[f"{m} K=2"] = specscope.LLM(target, specscope_hub=specscope.Hub(), **ENGINE, speculative_config={
+            **config, "num_speculative_tokens": 2})
+        engines[f"{m} K=0"] = specscope.LLM(target, specscope_hub=specscope.Hub(), **ENGINE, speculative_config={
+            **config, "num_speculative_tokens": 2, "num_speculative_tokens_per_batch_size": ALL_ZERO})
     for llm in engines.values():  # warm-up
         for b in BATCHES:
             llm.generate(PROMPTS[:b], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
     names = list(engines)
     ratios: dict[str, dict[int, list[float]]] = {n: {b: [] for b in BATCHES} for n in names[1:]}
-    predicted: dict[str, dict[int, list[float]]] = {n: {b: [] for b in BATCHES} for n in ("draft K=2", "ngram K=2")}
+    predicted: dict[str, dict[int, list[float]]] = {f"{m} K=2": {b: [] for b in BATCHES} for m in methods}
     costs: dict[str, dict[int, list[float]]] = {n: {b: [] for b in BATCHES} for n in predicted}
     for r in range(args.rounds):
         for b in BATCHES:
@@ -95,8 +99,11 @@ def main() -> None:
                     costs[n][b].append(est.cost_ratio)
         print(f"round {r + 1}: " + "  ".join(f"{n} b{b} {v[b][-1]:.3f}" for n, v in ratios.items()
                                              for b in BATCHES), flush=True)
-    cells = {}
-    for method in ("draft", "ngram"):
+    saved = RESULTS / "k0.json"
+    earlier: dict[str, Any] = json.loads(saved.read_text()) if saved.exists() else {}
+    cells: dict[str, Any] = earlier.get("cells", {})
+    rounds: dict[str, int] = earlier.get("rounds_by_method", dict.fromkeys(cells, earlier.get("rounds", 0)))
+    for method in methods:
         cells[method] = {b: {
             "k0_measured": round(statistics.median(ratios[f"{method} K=0"][b]), 3),
             "k0_measured_rounds": [round(x, 3) for x in ratios[f"{method} K=0"][b]],
@@ -105,11 +112,13 @@ def main() -> None:
             "k2_measured": round(statistics.median(ratios[f"{method} K=2"][b]), 3),
             "c_at_k2": round(statistics.median(costs[f"{method} K=2"][b]), 3) if costs[f"{method} K=2"][b] else None,
         } for b in BATCHES}
-    errors = [c["k0_predicted"] / c["k0_measured"] - 1 for m in cells.values() for c in m.values()
+        rounds[method] = args.rounds
+    errors: list[float] = [c["k0_predicted"] / c["k0_measured"] - 1 for m in cells.values() for c in m.values()
               if c["k0_predicted"] is not None]
-    result = {"pair": "deep01-target / deep01-draft (draft_model) and n-gram on deep01-target",
-              "rounds": args.rounds, "window_s": WINDOW_S, "cells": cells,
-              "worst_prediction_error": round(max(errors, key=abs), 3) if errors else None,
+    result = {"pair": "deep01-target with deep01-draft (draft_model), deep01-eagle3 (eagle3) and n-gram lookup",
+              "rounds_by_method": rounds, "window_s": WINDOW_S, "cells": cells,
+              "worst_prediction_error": round(worst, 3) if (worst := max(errors, key=abs, default=None)) is not None
+              else None,
               "seconds": round(time.monotonic() - t0)}
     for llm in engines.values():
         llm.llm_engine.engine_core.shutdown()

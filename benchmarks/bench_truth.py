@@ -8,10 +8,11 @@ For each target/draft pair, for K in {1, 2, 3, 4, 6} and batch sizes {1, 4, 16}:
 - **model on measured runs**: the same estimate on the measured runs' own data (their step times, tokens and
   prefill, against the plain engine's steps in those runs): the model's error without the noise of separate runs;
 - **predicted**: ``diagnostics.estimate(snapshot, batch_size=b)`` from prediction runs kept apart from the
-  measured ones: in each round, after the measured runs, the plain target is calibrated (``measure_step_times``,
-  what ``specscope calibrate`` writes) and the speculative engine runs the workload once more into a hub of its
-  own; the median over rounds. This machine's speed drifts by ±10-25% over minutes and has slow spells of
-  10-15% lasting seconds (plain vLLM alone included), so predictions and measurements are interleaved and both
+  measured ones: in each round, after the measured runs, the plain target is calibrated on the pair's prompts
+  (``measure_step_times``, what ``specscope calibrate --prompts`` writes) and the speculative engine runs the
+  workload once more into a hub of its own; the median over rounds. This machine's speed drifts by ±10-25%
+  over minutes and has slow spells of 10-15% lasting seconds (plain vLLM alone included), so predictions and
+  measurements are interleaved and both
   are medians; the prediction from the first round alone (one short run) is reported beside it.
 
 Every run takes the same prompts in the same order, so the comparison tests specscope's measurements and model,
@@ -22,9 +23,14 @@ that drains would end on partial batches, and only under speculation (its reques
 Also: the prediction for every K made from the K=4 engine's short run alone (what ``specscope top`` shows an
 operator running K=4), and whether the K it recommends at each batch size measures within 5% of the best K
 measured (K = 0, speculation off, included). Pairs: the deep family (f = 0.01 and 0.03; speculation pays on a
-CPU) and the tiny family's copy and 10%-noise drafts (same-size drafts: c ≈ 1).
+CPU), the tiny family's copy and 10%-noise drafts (same-size drafts: c ≈ 1), the deep01 target with its EAGLE-3
+head (method ``eagle3``), and n-gram lookup on the deep01 target with prompts it can look up (each prompt followed
+by the target's own greedy continuation and the prompt again, as retrieval-augmented prompts quote the answer)
+and with the plain prompts. For each cell the c the estimate used and c from the configs are kept, so the ratio
+tells operators without a baseline how far the config estimate is off.
 
-Run: python benchmarks/bench_truth.py [--pairs deep01,deep03,copy,noise10] [--rounds 3]
+Run: python benchmarks/bench_truth.py [--pairs deep01,deep03,copy,noise10,eagle3,ngram-retrieval,ngram-novel]
+[--rounds 3]
 Results: benchmarks/results/truth_<pair>.json (and .md) for each pair as it is measured, then truth.json (and
 truth.md, the table) joining this run's pairs; ``--merge FILE...`` joins saved runs' files into truth.json.
 """
@@ -38,6 +44,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +55,29 @@ from benchmarks._common import RESULTS, write
 from specscope import tiny_models
 from specscope.wrapper import measure_step_times, steady_throughput
 
-PAIRS = {"deep01": ("deep01-target", "deep01-draft"), "deep03": ("deep03-target", "deep03-draft"),
-         "copy": ("target", "copy"), "noise10": ("target", "noise10")}
+
+@dataclass(frozen=True)
+class Pair:
+    """A target and how it speculates: a draft model, an EAGLE-3 head or n-gram lookup (``draft`` None)."""
+
+    target: str
+    draft: str | None
+    method: str = "draft_model"
+    #: "plain" (the workload's prompts) or "retrieval" (each followed by the target's greedy continuation and
+    #: itself again: text n-gram lookup can find).
+    prompts: str = "plain"
+
+    def speculative_config(self, models: dict[str, Path], k: int) -> dict[str, Any]:
+        if self.draft is None:
+            return {"method": self.method, "prompt_lookup_min": 2, "prompt_lookup_max": 4, "num_speculative_tokens": k}
+        return {"method": self.method, "model": str(models[self.draft]), "num_speculative_tokens": k}
+
+
+PAIRS = {"deep01": Pair("deep01-target", "deep01-draft"), "deep03": Pair("deep03-target", "deep03-draft"),
+         "copy": Pair("target", "copy"), "noise10": Pair("target", "noise10"),
+         "eagle3": Pair("deep01-target", "deep01-eagle3", "eagle3"),
+         "ngram-retrieval": Pair("deep01-target", None, "ngram", "retrieval"),
+         "ngram-novel": Pair("deep01-target", None, "ngram")}
 KS = (1, 2, 3, 4, 6)
 BATCHES = (1, 4, 16)
 TOKENS = 96
@@ -65,10 +93,18 @@ ENGINE: dict[str, Any] = {"enforce_eager": True, "dtype": "float32", "max_model_
 WINDOW_S = 5.0
 
 
-def steady(llm: Any, batch: int) -> float:
+def steady(llm: Any, batch: int, prompts: list[str]) -> float:
     """Output tokens/s with the batch held full for :data:`WINDOW_S` (``specscope.wrapper.steady_throughput``):
-    every engine, run and round takes the workload's prompts in the same order."""
-    return steady_throughput(llm, batch, WINDOW_S, PROMPTS, TOKENS)
+    every engine, run and round of a pair takes its prompts in the same order."""
+    return steady_throughput(llm, batch, WINDOW_S, prompts, TOKENS)
+
+
+def retrieval_prompts(plain: Any) -> list[str]:
+    """Each workload prompt, the target's greedy continuation of it, and the prompt again: the answer is quoted."""
+    from vllm import SamplingParams
+
+    outs = plain.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True), use_tqdm=False)
+    return [f"{p}{o.outputs[0].text} {p}" for p, o in zip(PROMPTS, outs, strict=True)]
 
 
 def shutdown(llm: Any) -> None:
@@ -76,19 +112,19 @@ def shutdown(llm: Any) -> None:
     gc.collect()
 
 
-def measured_round(plain: Any, spec: Any, r: int) -> dict[int, float]:
+def measured_round(plain: Any, spec: Any, r: int, prompts: list[str]) -> dict[int, float]:
     """Speculative tok/s / plain tok/s at each batch size, the two run one after the other (order alternating)."""
     out = {}
     for b in BATCHES:
         if r % 2:
-            s, p = steady(spec, b), steady(plain, b)
+            s, p = steady(spec, b, prompts), steady(plain, b, prompts)
         else:
-            p, s = steady(plain, b), steady(spec, b)
+            p, s = steady(plain, b, prompts), steady(spec, b, prompts)
         out[b] = s / p
     return out
 
 
-def run_k(plain: Any, spec: Any, rounds: int) -> tuple[
+def run_k(plain: Any, spec: Any, rounds: int, prompts: list[str]) -> tuple[
         dict[int, float], dict[int, list[Any]], dict[str, Any]]:
     """Measured speedups and predictions, the predictions from runs separate from the measured ones.
 
@@ -112,17 +148,17 @@ def run_k(plain: Any, spec: Any, rounds: int) -> tuple[
     for r in range(rounds):
         specscope.instrument(spec, measuring)
         specscope.instrument(plain, plain_measuring)
-        for b, ratio in measured_round(plain, spec, r).items():
+        for b, ratio in measured_round(plain, spec, r, prompts).items():
             ratios[b].append(ratio)
         specscope.instrument(plain, plain_hub)
-        baseline = measure_step_times(plain, BATCHES, tokens=TOKENS, rounds=1)
+        baseline = measure_step_times(plain, BATCHES, tokens=TOKENS, rounds=1, prompts=prompts)
         for t in baseline.times:
             calibrations[t.batch_size].append(1e3 * t.mean_s)
         predicting = specscope.Hub()
         predicting.set_baseline(baseline)
         specscope.instrument(spec, predicting)
         for b in BATCHES:
-            steady(spec, b)
+            steady(spec, b, prompts)
         for b in BATCHES:
             estimates[b].append(estimate(predicting.snapshot(), batch_size=b))
 
@@ -162,10 +198,12 @@ def run_pair(name: str, models: dict[str, Path], rounds: int, measured_ks: tuple
 
     import specscope
 
-    target, draft = (str(models[m]) for m in PAIRS[name])
+    pair = PAIRS[name]
+    target = str(models[pair.target])
     # The small family's models hold 512 positions, the deep family's 1024.
-    engine = {**ENGINE, "max_model_len": ENGINE["max_model_len"] if name.startswith("deep") else 512}
+    engine = {**ENGINE, "max_model_len": ENGINE["max_model_len"] if pair.target.startswith("deep") else 512}
     plain = specscope.LLM(target, specscope_hub=specscope.Hub(), **engine)
+    prompts = retrieval_prompts(plain) if pair.prompts == "retrieval" else PROMPTS
     cells: dict[int, dict[int, dict[str, Any]]] = {}
     from_k4: dict[int, tuple[float, ...]] = {}
     inputs: dict[int, dict[str, Any]] = {}
@@ -176,13 +214,13 @@ def run_pair(name: str, models: dict[str, Path], rounds: int, measured_ks: tuple
         k = ks[i]
         i += 1
         spec_llm = specscope.LLM(target, specscope_hub=specscope.Hub(),
-                                 speculative_config={"method": "draft_model", "model": draft,
-                                                     "num_speculative_tokens": k}, **engine)
+                                 speculative_config=pair.speculative_config(models, k), **engine)
         for llm in (plain, spec_llm):  # warm-up
             for b in BATCHES:
-                llm.generate(PROMPTS[:b], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
-        measured, estimates, raw = run_k(plain, spec_llm, rounds)
+                llm.generate(prompts[:b], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+        measured, estimates, raw = run_k(plain, spec_llm, rounds, prompts)
         snap = spec_llm.snapshot()
+        configs_c = None if snap.cost_ratio is None else snap.cost_ratio.value
         cells[k] = {}
         for b in BATCHES:
             predicted, by_k = median_estimate(estimates[b])
@@ -192,6 +230,8 @@ def run_pair(name: str, models: dict[str, Path], rounds: int, measured_ks: tuple
                            "predicted_first_run": None if first is None else round(first.expected_speedup, 3),
                            "model_on_measured_runs": raw["model_on_measured_runs"][b],
                            "c_basis": None if first is None else first.cost_basis,
+                           "c": None if first is None else round(first.cost_ratio, 4),
+                           "c_from_configs": None if configs_c is None else round(configs_c, 4),
                            "tokens_per_step": None if first is None else round(first.tokens_per_step, 3),
                            "prefill_share": None if first is None or first.prefill_share is None
                            else round(first.prefill_share, 3)}
@@ -201,14 +241,15 @@ def run_pair(name: str, models: dict[str, Path], rounds: int, measured_ks: tuple
         inputs[k] = raw
         print(f"{name} K={k} inputs: {raw}", flush=True)
         spec = snap.lifetime.spec
-        print(f"{name} K={k}: acceptance {spec.acceptance_rate:.3f} alpha {spec.alpha:.3f} "
+        print(f"{name} K={k}: acceptance {spec and spec.acceptance_rate} alpha {spec and spec.alpha} "
               + "  ".join(f"b{b} measured {cells[k][b]['measured']} predicted {cells[k][b]['predicted']}"
                           for b in BATCHES), flush=True)
         if k == 4:
             ks += sorted({r for r in recommended.values() if r and r not in ks})  # measure a recommendation too
         shutdown(spec_llm)
     shutdown(plain)
-    return {"target": PAIRS[name][0], "draft": PAIRS[name][1], "cells": cells, "from_k4": from_k4,
+    return {"target": pair.target, "draft": pair.draft or pair.method, "method": pair.method,
+            "prompts": pair.prompts, "cells": cells, "from_k4": from_k4,
             "recommended": recommended, "inputs": inputs}
 
 
@@ -299,7 +340,9 @@ def merge_results(paths: list[str]) -> dict[str, Any]:
         minutes += doc.get("minutes", 0.0)
         for name, p in doc["pairs"].items():
             cells = {k: _int_keys(v) for k, v in _int_keys(p["cells"]).items()}
-            into = pairs.setdefault(name, {"target": p["target"], "draft": p["draft"], "cells": {},
+            into = pairs.setdefault(name, {"target": p["target"], "draft": p["draft"],
+                                           "method": p.get("method", "draft_model"),
+                                           "prompts": p.get("prompts", "plain"), "cells": {},
                                            "from_k4": {}, "recommended": {}, "inputs": {}})
             into["cells"].update(cells)
             into["inputs"].update(_int_keys(p.get("inputs", {})))
