@@ -153,11 +153,11 @@ def test_top_bad_input_and_unreachable_targets(tmp_path: Path) -> None:
 
 
 def test_top_once_replays_a_recording(tmp_path: Path) -> None:
-    rec = str(Path(__file__).parent / "fixtures" / "demo-recording.jsonl")
+    rec = str(Path(__file__).parent / "fixtures" / "demo-recording.jsonl.gz")
     r = specscope("top", "--replay", rec, "--once", "--json")
     assert r.returncode == 0, r.stderr
     docs = json.loads(r.stdout)
-    weak = docs["weak draft (noise 10%)"]["lifetime"]["spec"]
+    weak = docs["weak draft (f=0.1)"]["lifetime"]["spec"]
     assert weak["acceptance_rate"] < 0.3 and weak["drafts"] > 0
     demo = tmp_path / "demo-thresholds.json"  # the demo's short waits, as when it was recorded
     demo.write_text(json.dumps({"weak_draft_min_draft_tokens": 100, "weak_draft_for_s": 3,

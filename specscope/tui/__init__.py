@@ -31,7 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--selector", default="", metavar="LABELS",
                    help='with --prometheus: label matchers, e.g. job="vllm",env=~"prod.*"')
     p.add_argument("--replay", metavar="FILE", help="play a recording made with --record")
-    p.add_argument("--record", metavar="FILE", help="record every snapshot to FILE (JSON lines)")
+    p.add_argument("--record", metavar="FILE", help="record every snapshot to FILE (JSON lines; gzip-compressed "
+                   "where FILE ends in .gz)")
     p.add_argument("--record-max-mb", type=float, default=100.0, help="stop recording at this size (default 100)")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between polls (default 1)")
     p.add_argument("--window", type=float, default=60.0, help="window length in seconds (default 60)")

@@ -224,10 +224,14 @@ class TopApp(App[None]):
         if engine is not None:
             alerts = [a for a in alerts if dict(a.labels).get("engine", str(engine)) == str(engine)]
         self._update("#alerts", view.alerts_panel(alerts, compact))
-        classes = view.classes_panel(snap, self.threshold, self.class_sort, compact, rows=2 if compact else 6)
+        self._draw_fleet()
+        # Compact beside a fleet table, the class table would push the requests off the screen: a weak class still
+        # shows as its alert.
+        crowded = compact and self.query_one("#fleet-box").display
+        classes = Text() if crowded else view.classes_panel(snap, self.threshold, self.class_sort, compact,
+                                                            rows=2 if compact else 6)
         self.query_one("#classes").display = bool(classes.plain)
         self._update("#classes", classes)
-        self._draw_fleet()
         self._draw_requests(snap)
 
     def _update(self, selector: str, text: Any) -> None:

@@ -9,6 +9,7 @@ the file as it plays, so memory is flat however long the recording is.
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 from collections import deque
 from pathlib import Path
@@ -27,7 +28,7 @@ class Recorder:
     def __init__(self, path: str | Path, max_bytes: int = 100 << 20) -> None:
         self.path = Path(path)
         self.max_bytes = max_bytes
-        self._file: IO[str] = self.path.open("w", encoding="utf-8")
+        self._file: IO[str] = _open(self.path, "w")
         self._written = 0
         self._last_seq: dict[str, int] = {}
         self.full = False
@@ -62,7 +63,7 @@ class Player:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         try:
-            self._file: IO[str] = self.path.open(encoding="utf-8")
+            self._file: IO[str] = _open(self.path, "r")
         except OSError as exc:
             raise ValueError(f"cannot read recording {path}: {exc.strerror or exc}") from None
         self.targets: list[str] = []
@@ -153,3 +154,10 @@ class ReplaySource:
     def fetch(self) -> Snapshot:
         """The newest played snapshot of this target."""
         return self.player.latest(self.name)
+
+
+def _open(path: Path, mode: str) -> IO[str]:
+    """A recording as text: gzip-compressed where its name ends in .gz."""
+    if path.suffix == ".gz":
+        return gzip.open(path, mode + "t", encoding="utf-8")  # type: ignore[return-value]
+    return path.open(mode, encoding="utf-8")

@@ -371,7 +371,7 @@ def fleet_row(target: Target, alerts: int, engine: int | None = None) -> str:
     est = estimate(snap)
     return _cells((
         name, status, short(snap.engine.model),
-        percent(w.acceptance_rate) if w else "no spec",
+        percent(w.acceptance_rate) if w else "no spec" if snap.engine.model else "n/a",  # no engine yet: unknown
         f"{w.alpha:.2f}" if w and w.alpha is not None else "n/a",
         f"{est.expected_speedup:.2f}x" if est else "n/a",
         percent(snap.kv.block_usage),

@@ -1,4 +1,4 @@
-"""A dashboard fed from the fixed recording of a real demo run (tests/fixtures/demo-recording.jsonl)."""
+"""A dashboard fed from the fixed recording of a real demo run (tests/fixtures/demo-recording.jsonl.gz)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from specscope.tui.app import TopApp
 from specscope.tui.record import Player, ReplaySource
 from specscope.tui.state import Target
 
-RECORDING = Path(__file__).parent.parent / "fixtures" / "demo-recording.jsonl"
+RECORDING = Path(__file__).parent.parent / "fixtures" / "demo-recording.jsonl.gz"
 #: The demo's alert settings (short waits), so the recording's alerts come alive.
 DEMO = Thresholds(weak_draft_min_draft_tokens=100, weak_draft_for_s=3, keep_firing_for_s=600,
                   fragmentation_for_s=5, kv_pressure_for_s=5, collapse_for_s=5, divergence_for_s=5, window_s=10)

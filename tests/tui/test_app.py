@@ -16,7 +16,7 @@ from tests.tui.helpers import Clock, busy_hub, http_server, reply
 
 pytestmark = pytest.mark.anyio
 
-WEAK = "weak draft (noise 10%)"
+WEAK = "weak draft (f=0.1)"
 
 
 def rates(app: TopApp) -> list[float | None]:
@@ -24,7 +24,7 @@ def rates(app: TopApp) -> list[float | None]:
 
 
 async def test_sort_worst_reverse_and_filter() -> None:
-    app = replay_app(105, only=WEAK)
+    app = replay_app(130, only=WEAK)
     async with app.run_test(size=(120, 40)) as pilot:
         table = app.query_one("#requests", RequestTable)
         assert table.row_count > 20
@@ -59,7 +59,7 @@ async def test_sort_worst_reverse_and_filter() -> None:
 
 
 async def test_pause_window_reset_help_and_quit() -> None:
-    app = replay_app(100, only=WEAK)
+    app = replay_app(125, only=WEAK)
     async with app.run_test(size=(120, 40)) as pilot:
         assert app.player is not None and app.player.paused
         await pilot.press("p")
@@ -123,7 +123,7 @@ async def test_live_pause_stops_polling() -> None:
 
 
 async def test_resize_to_80x24_keeps_every_panel() -> None:
-    app = replay_app(105)
+    app = replay_app(130)
     async with app.run_test(size=(140, 50)) as pilot:
         app.select(WEAK)
         assert not app.screen.has_class("compact")
@@ -137,7 +137,7 @@ async def test_resize_to_80x24_keeps_every_panel() -> None:
 
 
 async def test_fleet_drill_down() -> None:
-    app = replay_app(105)
+    app = replay_app(130)
     async with app.run_test(size=(120, 40)) as pilot:
         assert app.current.name == "tokenizer check"
         fleet = app.query_one("#fleet")
@@ -249,6 +249,27 @@ def test_the_class_table_prices_each_class_and_counts_the_folded_names() -> None
 
 
 async def test_no_class_table_without_classes() -> None:
-    app = replay_app(105, only=WEAK)  # recorded before traffic classes existed
+    app = replay_app(130, only="tokenizer check")  # no requests: no classes
     async with app.run_test(size=(120, 40)):
         assert not app.query_one("#classes").display
+
+
+def test_a_target_whose_engine_has_not_reported_reads_na_not_no_spec() -> None:
+    from specscope.hub import Hub
+    from specscope.model import EngineInfo
+    from specscope.tui.view import fleet_row
+
+    hub = Hub()
+
+    class Src:
+        name = "hub"
+
+        def fetch(self) -> Any:
+            return hub.snapshot()
+
+    target = Target(Src())
+    target.poll()
+    assert fleet_row(target, 0).split()[2:4] == ["n/a", "n/a"]  # no engine yet: unknown, not "no speculation"
+    hub.set_engine(EngineInfo(model="m"))
+    target.poll()
+    assert fleet_row(target, 0).split()[2:5] == ["m", "no", "spec"]

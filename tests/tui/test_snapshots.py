@@ -10,7 +10,7 @@ from tests.tui.conftest import replay_app
 
 
 def test_weak_draft_with_alerts(snap_compare: Any) -> None:
-    assert snap_compare(replay_app(105, only="weak draft (noise 10%)"), terminal_size=(120, 40))
+    assert snap_compare(replay_app(130, only="weak draft (f=0.1)"), terminal_size=(120, 40))
 
 
 def test_fleet(snap_compare: Any) -> None:
@@ -22,7 +22,7 @@ def test_fleet_at_80x24(snap_compare: Any) -> None:
 
 
 def test_worst_requests_first(snap_compare: Any) -> None:
-    assert snap_compare(replay_app(105, only="weak draft (noise 10%)"), press=["a"], terminal_size=(100, 34))
+    assert snap_compare(replay_app(130, only="weak draft (f=0.1)"), press=["a"], terminal_size=(100, 34))
 
 
 def test_help(snap_compare: Any) -> None:
@@ -31,7 +31,7 @@ def test_help(snap_compare: Any) -> None:
 
 def test_no_color(snap_compare: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NO_COLOR", "1")
-    assert snap_compare(replay_app(105, only="weak draft (noise 10%)"), terminal_size=(100, 34))
+    assert snap_compare(replay_app(130, only="weak draft (f=0.1)"), terminal_size=(100, 34))
 
 
 def test_traffic_classes(snap_compare: Any) -> None:
