@@ -9,8 +9,12 @@ is a metric label: at most :data:`MAX_LENGTH` characters of a safe set, anything
 from __future__ import annotations
 
 import bisect
+import logging
+import os
 import re
 from collections.abc import Mapping
+
+log = logging.getLogger("specscope")
 
 #: The longest class name kept.
 MAX_LENGTH = 48
@@ -24,6 +28,21 @@ OTHER = "other"
 MAX_CLASSES = 20
 #: The baggage member that names a request's class.
 BAGGAGE_KEY = "traffic_class"
+
+
+def max_classes() -> int:
+    """``SPECSCOPE_MAX_CLASSES`` (a positive integer), else :data:`MAX_CLASSES`."""
+    raw = os.environ.get("SPECSCOPE_MAX_CLASSES", "").strip()
+    if not raw:
+        return MAX_CLASSES
+    try:
+        value = int(raw)
+        if value < 1:
+            raise ValueError
+    except ValueError:
+        log.warning("specscope: SPECSCOPE_MAX_CLASSES=%r is not a positive integer; using %d", raw, MAX_CLASSES)
+        return MAX_CLASSES
+    return value
 
 
 def clean(value: object) -> str | None:

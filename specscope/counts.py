@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import NamedTuple
 
-from specscope.model import SpecCounts, StepProfile, StepTime, Totals
+from specscope.model import EngineInfo, EngineView, KVCache, SpecCounts, StepProfile, StepTime, Totals
 
 #: The scalar counts of an interval, each with the step field it sums (the only place that maps the two; ``steps``
 #: counts steps).
@@ -26,6 +26,9 @@ _SOURCES = (("steps", None), ("prompt_tokens", "prompt_tokens"), ("generation_to
 SCALARS = tuple(name for name, _ in _SOURCES)
 #: Distinct batch sizes kept per interval (vLLM's max_num_seqs is 256 to 1024 in practice).
 MAX_BATCH_SIZES = 1024
+#: Why the KV token estimate is withheld while requests share cached prefix blocks.
+SHARED_PREFIXES = ("not estimable while requests share prefix-cache blocks (vLLM counts a shared block once; "
+                   "requests' token counts cannot tell which blocks they share)")
 
 
 @dataclass(slots=True)
@@ -376,3 +379,14 @@ class EngineStream:
             if live < 0:
                 live = 0
         self.live_tokens = live
+
+    def view(self, index: int, info: EngineInfo, lifetime: Totals, window: Totals) -> EngineView:
+        """This engine in a snapshot, given its totals; with prefix-cache hits in the window the KV token estimate
+        is withheld, with why."""
+        shared = window.prefix_cache_hits > 0
+        kv = KVCache(block_size=info.block_size, num_blocks=info.num_blocks, block_usage=self.kv_usage,
+                     tokens_held=None if shared or self.kv_usage is None else self.live_tokens,
+                     not_estimable=SHARED_PREFIXES if shared else None)
+        return EngineView(index=index, lifetime=lifetime, window=window, running=self.running, waiting=self.waiting,
+                          kv=kv, decode_batch=window.step_times.busiest() or self.decode_batch,
+                          updated_at=self.updated_at)

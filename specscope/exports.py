@@ -139,5 +139,5 @@ def from_env(hub: Hub, env: dict[str, str] | None = None, lead: Callable[[str], 
         return exports
     except ExportConfigError as exc:
         log.error("specscope: export not started: %s", exc)
-        hub.count_error("export config", exc)
+        hub.health.count_error("export config", exc)
         return Exports(problems=[str(exc)])

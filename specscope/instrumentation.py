@@ -110,5 +110,5 @@ def _attach(instrument: Any, engine: Any, engines: weakref.WeakSet[Any], hub: An
         instrument()
         engines.add(engine)
     except Exception as exc:
-        hub.count_error("instrumentor", exc)
+        hub.health.count_error("instrumentor", exc)
         log.warning("specscope: could not instrument %s: %s", type(engine).__name__, exc)

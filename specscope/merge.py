@@ -159,4 +159,5 @@ def merge(snaps: Sequence[Snapshot], max_requests: int = 1000) -> Snapshot:
         latency_by_operation=_add_latency(snaps),
         classes=_add_classes(snaps),
         folded_classes=sum(s.folded_classes for s in snaps),
+        processes=sum(s.processes for s in snaps),
     )

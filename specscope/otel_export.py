@@ -255,7 +255,7 @@ class OtelExporter:
         def counted(batch: Any, *args: Any, **kwargs: Any) -> Any:
             result = export(batch, *args, **kwargs)
             if getattr(result, "name", "") == "FAILURE":
-                self.hub.count_error(where, ConnectionError(f"export to {self.config.endpoint} failed"))
+                self.hub.health.count_error(where, ConnectionError(f"export to {self.config.endpoint} failed"))
             return result
 
         exporter.export = counted

@@ -32,6 +32,7 @@ from specscope.model import (
     OperationLatency,
     PositionAcceptance,
     RequestRecord,
+    TrafficClass,
 )
 
 #: Distinct GenAI operation names whose latency is kept apart (vLLM's server has chat and completions).
@@ -194,6 +195,15 @@ class RequestLog:
                 counts = row.counts()
                 out[key] = out[key] + counts if key in out else counts
         return out
+
+    def traffic_classes(self, since: float) -> tuple[TrafficClass, ...]:
+        """Each class's lifetime counts, and its window's (the records that finished since ``since``)."""
+        lifetime = self.class_totals()
+        if not lifetime:
+            return ()
+        window, empty = self.window_classes(since), ClassCounts()
+        out = [TrafficClass(name, window.get(name, empty), life) for name, life in lifetime.items() if life.requests]
+        return tuple(sorted(out, key=lambda c: (-c.lifetime.requests, c.name)))
 
     def clear_class_window(self) -> None:
         """Forget the class rows by second (a window reset); the lifetime sums stay."""

@@ -35,8 +35,12 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from specscope.model import Snapshot, encode
+
+if TYPE_CHECKING:
+    from specscope.hub import Hub
 
 log = logging.getLogger("specscope")
 
@@ -108,9 +112,9 @@ class ProcessShare:
 
     ``processes``: the server's number of API-server processes, if known (files of other ranks are refused)."""
 
-    def __init__(self, local: object, rank: int, directory: Path | None = None, interval_s: float = 1.0,
+    def __init__(self, local: Hub, rank: int, directory: Path | None = None, interval_s: float = 1.0,
                  processes: int | None = None) -> None:
-        self._local = local  # the hub, read through its local_snapshot()
+        self._local = local
         base = directory or default_directory()
         fallbacks = FALLBACKS if directory is None and not os.environ.get("SPECSCOPE_SHARE_DIR") else 0
         for n in range(fallbacks + 1):
@@ -174,9 +178,7 @@ class ProcessShare:
         self._locks.clear()
 
     def _count(self, exc: BaseException) -> None:
-        count = getattr(self._local, "count_error", None)
-        if count is not None:
-            count("process share", exc)
+        self._local.health.count_error("process share", exc)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
@@ -187,7 +189,7 @@ class ProcessShare:
                 self._count(exc)
 
     def _publish(self) -> None:
-        snap: Snapshot = self._local.local_snapshot()  # type: ignore[attr-defined]
+        snap = self._local.local_snapshot()
         data = b"".join(encode(replace(snap, requests=snap.requests[-PUBLISHED_REQUESTS:])))
         tmp = self.directory / f".{self.rank}.{secrets.token_hex(8)}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN, 0o600)

@@ -212,7 +212,7 @@ def record_verdict(target: str, draft: str, hub: Any) -> None:
     try:
         report = compare(target, draft)
     except Exception as exc:
-        hub.count_error("tokenizer check", exc)  # logged once there
+        hub.health.count_error("tokenizer check", exc)  # logged once there
         return
     hub.set_tokenizer_status(report.status())
     if report.verdict == "mismatch":

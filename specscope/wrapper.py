@@ -49,7 +49,7 @@ def _record_output(hub: Hub, output: Any) -> None:
                 if steps is not None:
                     hub.record_draft_positions(*steps)
     except Exception as exc:
-        hub.count_error("request output", exc)
+        hub.health.count_error("request output", exc)
 
 
 def instrument(engine: Any, hub: Hub | None = None, *, keep_vllm_loggers: bool | None = None) -> Hub:

@@ -294,7 +294,7 @@ def test_failures_are_counted_always_and_logged_once(caplog: Any) -> None:
 
 def test_full_listener_queue_drops_and_counts() -> None:
     hub = Hub()
-    hub._queue.maxsize = 3
+    hub._dispatch.queue.maxsize = 3
     gate = threading.Event()
     hub.add_listener(lambda rec: gate.wait(5))
     for i in range(10):

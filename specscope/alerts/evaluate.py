@@ -10,6 +10,7 @@ from typing import Literal, Protocol
 
 from specscope.alerts.rules import RULES, Rule, Thresholds, describe
 from specscope.catalogue import engine_views, server_attrs
+from specscope.health import ErrorSink
 from specscope.hub import Hub
 from specscope.model import Snapshot
 
@@ -39,22 +40,20 @@ class Notifier(Protocol):
     def notify(self, alerts: Sequence[Alert]) -> None: ...
 
 
-#: Where a failing rule or notifier is counted: ``(where, exception)``, as :meth:`Hub.count_error` takes them.
-ErrorSink = Callable[[str, BaseException], None]
-
-
 class Evaluator:
-    """Evaluates rules on snapshots; thread-safe; failures of rules and notifiers go to ``on_error`` (default: the
-    hub's error count), never raised. Without a snapshot it reads the hub's over the thresholds' ``window_s``, the
-    window the Prometheus rules use too."""
+    """Evaluates rules on snapshots; thread-safe. Failures of rules and notifiers go to the error sink ``on_error``
+    (default: the hub's health), never raised. ``hub`` is only where snapshots come from: :meth:`evaluate` without a
+    snapshot reads the hub's over the thresholds' ``window_s``, the window the Prometheus rules use too."""
 
     def __init__(self, hub: Hub | None = None, rules: Sequence[Rule] = RULES, thresholds: Thresholds | None = None,
                  notifiers: Sequence[Notifier] = (), clock: Callable[[], float] = time.time,
                  on_error: ErrorSink | None = None) -> None:
-        if on_error is None and hub is None:
-            raise ValueError("an Evaluator needs a hub or an error sink")
+        if on_error is None:
+            if hub is None:
+                raise ValueError("an Evaluator needs a hub or an error sink")
+            on_error = hub.health.count_error
         self.hub = hub
-        self.on_error: ErrorSink = on_error or hub.count_error  # type: ignore[union-attr]
+        self.on_error = on_error
         self.rules = tuple(rules)
         self.thresholds = (thresholds or Thresholds()).check()
         self.notifiers = list(notifiers)

@@ -177,7 +177,7 @@ class SpecscopeMiddleware:
                        if k in _CLASS_HEADERS or k == self.class_header}
             return classes.from_headers(headers, self.class_header.decode("latin-1") if self.class_header else None)
         except Exception as exc:
-            self.hub.count_error("middleware", exc)
+            self.hub.health.count_error("middleware", exc)
             return None
 
     async def _joined(self, scope: Scope, receive: Receive, send: Send, cls: str | None) -> None:
@@ -192,7 +192,7 @@ class SpecscopeMiddleware:
                     reader.feed(message)
                 except Exception as exc:
                     failed = True
-                    self.hub.count_error("middleware", exc)
+                    self.hub.health.count_error("middleware", exc)
 
         await self.app(scope, receive, watch)
         if failed:
@@ -202,7 +202,7 @@ class SpecscopeMiddleware:
             if body and body.get("id"):
                 self._record(str(body["id"]), body, cls)
         except Exception as exc:
-            self.hub.count_error("middleware", exc)
+            self.hub.health.count_error("middleware", exc)
 
     def _record(self, response_id: str, body: dict[str, Any], cls: str | None) -> None:
         # vLLM's engine sees "<id>-0" for the first prompt of a completion, "<id>" for a chat completion.
@@ -228,7 +228,7 @@ class SpecscopeMiddleware:
             pieces = encode(snap, since)
             first = next(pieces)
         except Exception as exc:
-            self.hub.count_error("snapshot endpoint", exc)
+            self.hub.health.count_error("snapshot endpoint", exc)
             await _respond(send, 500, json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
             return
         await send({"type": "http.response.start", "status": 200,

@@ -69,7 +69,7 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
                     "--per-request-spec-decode-metrics summary to record it"
                 )
         except Exception as exc:
-            self.target.count_error("stat logger init", exc)
+            self.target.health.count_error("stat logger init", exc)
         _check_version_once()
         _check_tokenizers_in_background(self.target, vllm_config)
         if type(self).hub is None:  # the vllm serve plugin: what specscope.LLM does for itself
@@ -110,7 +110,7 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
                                                              or getattr(scheduler_stats, "num_waiting_reqs", 1)))):
                 self.flush()
         except Exception as exc:
-            self.target.count_error("stat logger step", exc)
+            self.target.health.count_error("stat logger step", exc)
 
     def flush(self) -> None:
         """Add the steps recorded so far to the hub (from vLLM's thread or a reader's; one at a time)."""
@@ -135,7 +135,7 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
             if parts:
                 hub.record_finished(parts)
         except Exception as exc:
-            hub.count_error("stat logger requests", exc)
+            hub.health.count_error("stat logger requests", exc)
         missing: list[str] = []
         for engine in {row[1] for row in rows}:
             steps = [row for row in rows if row[1] == engine]
@@ -143,12 +143,12 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
                 batch = self._read(steps, missing)
                 hub.record_steps(engine, batch)
             except Exception as exc:
-                hub.count_error("stat logger step", exc)
+                hub.health.count_error("stat logger step", exc)
         if missing:
-            hub.count_missing(missing, vllm_reader.unavailable(missing))
+            hub.health.count_missing(missing, vllm_reader.unavailable(missing))
         if vllm_hook.failures != self._hook_failures:
             self._hook_failures = vllm_hook.failures
-            hub.count_error("request hook", RuntimeError("vLLM's request state changed shape"))
+            hub.health.count_error("request hook", RuntimeError("vLLM's request state changed shape"))
 
     def _read(self, rows: list[tuple[Any, ...]], missing: list[str]) -> StepBatch:
         """The steps of ``rows`` (one engine's); a step vLLM filled in a way this reader cannot read costs that step
@@ -162,7 +162,7 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
                     vllm_reader.read_steps([row[0]], [row[2]], [row[3]])
                     readable.append(row)
                 except Exception as exc:
-                    self.target.count_error("stat logger step", exc)
+                    self.target.health.count_error("stat logger step", exc)
             return vllm_reader.read_steps([r[0] for r in readable], [r[2] for r in readable],
                                           [r[3] for r in readable], missing)
 
@@ -171,7 +171,7 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
         try:
             self.target.set_engine(vllm_reader.engine_info(self.vllm_config))
         except Exception as exc:
-            self.target.count_error("stat logger init", exc)
+            self.target.health.count_error("stat logger init", exc)
 
 
 def _check_version_once() -> None:
@@ -217,7 +217,7 @@ def _share_once(hub: Hub, vllm_config: Any) -> None:
         _share = ProcessShare(hub, max(0, int(getattr(par, "_api_process_rank", 0) or 0)),
                               processes=count if count > 1 else None)
     except OSError as exc:
-        hub.count_error("process share", exc)
+        hub.health.count_error("process share", exc)
         return
     hub.attach_share(_share)
     if getattr(par, "_api_process_rank", 0) == 0:
