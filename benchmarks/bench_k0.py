@@ -60,7 +60,7 @@ def main() -> None:
     from vllm import SamplingParams
 
     import specscope
-    from specscope.diagnostics import estimate
+    from specscope.verdict import estimate
 
     models = tiny_models.build()
     target = str(models["deep01-target"])

@@ -7,7 +7,7 @@ For each target/draft pair, for K in {1, 2, 3, 4, 6} and batch sizes {1, 4, 16}:
   the plain and the speculative engine alive together and run alternately, the median of the per-round ratios;
 - **model on measured runs**: the same estimate on the measured runs' own data (their step times, tokens and
   prefill, against the plain engine's steps in those runs): the model's error without the noise of separate runs;
-- **predicted**: ``diagnostics.estimate(snapshot, batch_size=b)`` from prediction runs kept apart from the
+- **predicted**: ``verdict.estimate(snapshot, batch_size=b)`` from prediction runs kept apart from the
   measured ones: in each round, after the measured runs, the plain target is calibrated on the pair's prompts
   (``measure_step_times``, what ``specscope calibrate --prompts`` writes) and the speculative engine runs the
   workload once more into a hub of its own; the median over rounds. This machine's speed drifts by ±10-25%
@@ -136,8 +136,8 @@ def run_k(plain: Any, spec: Any, rounds: int, prompts: list[str]) -> tuple[
     times, tokens per step, prefill) for the record.
     """
     import specscope
-    from specscope.diagnostics import estimate
     from specscope.model import StepProfile
+    from specscope.verdict import estimate
 
     # Windows as long as the whole measurement: the model-on-measured-runs check pools every round on both sides.
     measuring, plain_measuring = specscope.Hub(window_s=3600), specscope.Hub(window_s=3600)

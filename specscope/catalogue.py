@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from specscope import model
-from specscope.diagnostics import draft_kv_cost, estimate
+from specscope.memory import draft_kv_cost
 from specscope.model import TOKENIZER_VERDICTS, EngineInfo, Histogram, RequestRecord, Snapshot, TrafficClass
+from specscope.verdict import estimate
 
 Kind = Literal["counter", "gauge", "updowncounter", "histogram"]
 Attrs = dict[str, str]

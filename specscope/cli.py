@@ -145,7 +145,7 @@ def _engine_args(items: list[str] | None) -> dict[str, Any]:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from specscope.diagnostics import save_profile
+    from specscope.verdict import save_profile
 
     try:
         sizes = sorted({int(x) for x in args.batch_sizes.split(",")})
@@ -201,8 +201,8 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from specscope.diagnostics import load_profile
     from specscope.report import ReportError, SourceDown, load, render
+    from specscope.verdict import load_profile
 
     if args.duration < 0 or args.interval <= 0 or args.window <= 0:
         print("specscope: error: --duration must be 0 or more, --interval and --window positive", file=sys.stderr)

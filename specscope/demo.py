@@ -116,7 +116,7 @@ class Demo:
         return llm, profile
 
     def good_draft(self, plain: Any, baseline: StepProfile) -> None:
-        from specscope.diagnostics import estimate, recommended_config
+        from specscope.verdict import estimate, recommended_config
 
         name = SCENARIOS[2]
         self.show(name)

@@ -312,7 +312,7 @@ def choose_schedule(cand: Candidate, batch_sizes: Sequence[int], max_batch: int)
             ranges[-1] = (ranges[-1][0], end, c.k)
         else:
             ranges.append((start, end, c.k))
-    from specscope.diagnostics import schedule_config
+    from specscope.verdict import schedule_config
 
     config = schedule_config(ranges) if any(c.best_k for c in choices) else None
     same = ranges[0][2] if config is not None and len(ranges) == 1 else None
@@ -472,7 +472,8 @@ class Runner:
     def _predict(self, cand: Candidate, run: KRun, hub: Any, sizes: Sequence[int]) -> None:
         """specscope's estimate of the run against the plain engine's step times measured now; acceptance by
         position and class; the draft's KV cost."""
-        from specscope.diagnostics import draft_kv_cost, estimate
+        from specscope.memory import draft_kv_cost
+        from specscope.verdict import estimate
         from specscope.wrapper import measure_step_times
 
         t0 = time.monotonic()

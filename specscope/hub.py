@@ -21,12 +21,12 @@ from typing import Any
 
 from specscope import classes
 from specscope.background import Dispatcher, GpuPoller, GpuSource, Listener
-from specscope.baseline import Baseline
 from specscope.counts import Counts, EngineStream, StepBatch, StepStats
 from specscope.health import HealthLog
 from specscope.merge import combine_kv, merge
 from specscope.model import CostRatio, EngineInfo, RequestRecord, Snapshot, StepProfile, TokenizerStatus
 from specscope.request_log import PENDING_TIMEOUT_S, RequestLog
+from specscope.verdict import Baseline
 
 __all__ = ["GpuSource", "Hub", "Listener", "StepStats", "default_hub"]
 

@@ -22,16 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from specscope import acceptance as acc
-from specscope.diagnostics import (
-    by_batch_size,
-    class_speedup,
-    estimate,
-    k_table,
-    recommended_config,
-    with_baseline,
-)
 from specscope.model import Snapshot, StepProfile, TrafficClass
 from specscope.summary import percent, summary
+from specscope.verdict import by_batch_size, class_speedup, estimate, k_table, recommended_config, with_baseline
 
 #: The weak-draft line drawn on the acceptance plot (the alert rule's default threshold).
 WEAK_DRAFT = 0.3

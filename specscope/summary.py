@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from specscope.diagnostics import by_batch_line, by_batch_size, estimate, schedule_text
 from specscope.model import RequestRecord, Snapshot, Totals
+from specscope.verdict import by_batch_line, by_batch_size, estimate, schedule_text
 
 
 def _num(v: float | None, fmt: str = ".2f", none: str = "n/a") -> str:

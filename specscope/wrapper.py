@@ -179,7 +179,7 @@ class LLM(vllm.LLM):
                  specscope_baseline: str | Path | StepProfile | None = None, **kwargs: Any) -> None:
         hub = specscope_hub or default_hub()
         if specscope_baseline is not None:
-            from specscope.diagnostics import load_profile
+            from specscope.verdict import load_profile
 
             hub.set_baseline(specscope_baseline if isinstance(specscope_baseline, StepProfile)
                              else load_profile(specscope_baseline))

@@ -163,8 +163,8 @@ def test_the_class_rule_fires_for_the_weak_class_only_and_says_what_the_aggregat
 
 
 def test_a_class_s_expected_speedup_uses_its_own_tokens_per_step() -> None:
-    from specscope.diagnostics import class_speedup, estimate
     from specscope.model import CostRatio
+    from specscope.verdict import class_speedup, estimate
 
     hub = Hub()
     hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model"))

@@ -10,8 +10,8 @@ import pytest
 from specscope.alerts.evaluate import Evaluator
 from specscope.alerts.rules import BY_RULE, Thresholds
 from specscope.collectors.vllm_reader import draft_memory, draft_memory_note, engine_info
-from specscope.diagnostics import draft_kv_cost
 from specscope.hub import Hub, StepStats
+from specscope.memory import draft_kv_cost
 from specscope.model import AllocatorStats, DraftMemory, EngineInfo, GpuDevice, GpuMemory
 
 GiB = 1 << 30

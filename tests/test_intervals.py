@@ -8,7 +8,7 @@ import pytest
 from specscope import intervals
 from specscope.hub import Hub
 from specscope.model import StepProfile, StepTime, Totals
-from tests.test_diagnostics import Clock, steps
+from tests.test_verdict import Clock, steps
 
 
 def fed(*parts: tuple[int, float, int, int]) -> tuple[Hub, Clock]:
@@ -59,7 +59,7 @@ def test_a_lifetime_minus_an_earlier_one_is_what_came_between() -> None:
 
 
 def test_baselines_merge_as_step_weighted_means_keeping_the_first_setup() -> None:
-    from specscope.diagnostics import merge_profiles
+    from specscope.verdict import merge_profiles
 
     a = StepProfile((StepTime(1, 10, 0.010), StepTime(8, 10, 0.020)), "calibration 1")
     b = StepProfile((StepTime(1, 30, 0.014),), "calibration 2")

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from specscope.diagnostics import save_profile
 from specscope.hub import Hub, StepStats
 from specscope.model import CostRatio, EngineInfo, EngineSetup, StepProfile, StepTime
 from specscope.tui.record import Recorder
+from specscope.verdict import save_profile
 from tests.conftest import free_port
 from tests.test_cli import specscope
 
@@ -198,7 +198,7 @@ def test_report_verdict_matches_the_estimate(tmp_path: Path, weak: bool) -> None
     rec = tmp_path / "run.jsonl"
     recorded_engine(rec, weak=weak)
     rep = load(str(rec), baseline=StepProfile((StepTime(1, 50, 0.011), StepTime(8, 50, 0.016)), "b", SETUP))
-    from specscope.diagnostics import by_batch_size
+    from specscope.verdict import by_batch_size
 
     verdicts = by_batch_size(rep.engines[0].snapshot)
     assert [e.batch_size for e in verdicts] == [1, 8]

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from specscope.diagnostics import cost_ratio_from_sizes
 from specscope.sizing import architecture, draft_size, model_size
+from specscope.verdict import cost_ratio_from_sizes
 
 
 def module_params(cfg: Any) -> tuple[int, int]:

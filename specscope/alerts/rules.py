@@ -15,9 +15,10 @@ from typing import Any
 
 from specscope.alerts.recording import ENGINE, SPECSCOPE, VLLM, Source, class_series, duration
 from specscope.catalogue import exported_name as _p
-from specscope.diagnostics import allocator_waste, draft_kv_cost, estimate
+from specscope.memory import allocator_waste, draft_kv_cost
 from specscope.model import Snapshot
 from specscope.summary import percent
+from specscope.verdict import estimate
 
 #: The runbook, relative to specscope's repository (docs/runbook.md has a section per rule).
 RUNBOOK = "docs/runbook.md"

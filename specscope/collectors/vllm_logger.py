@@ -56,7 +56,7 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
             self.target.set_cost_ratio(vllm_reader.cost_ratio(vllm_config))
             baseline = os.environ.get("SPECSCOPE_BASELINE")
             if baseline and type(self).hub is None:
-                from specscope.diagnostics import load_profile
+                from specscope.verdict import load_profile
 
                 self.target.set_baseline(load_profile(baseline))
             obs = getattr(vllm_config, "observability_config", None)

@@ -16,7 +16,6 @@ from typing import Any, NamedTuple
 from specscope.acceptance import rejections_per_step
 from specscope.collectors.vllm_hook import ATTRIBUTE as HOOK_ATTRIBUTE
 from specscope.counts import StepBatch
-from specscope.diagnostics import cost_ratio_from_sizes
 from specscope.model import CostRatio, DraftMemory, EngineInfo, EngineSetup
 from specscope.sizing import (
     MODEL_FREE_METHODS,
@@ -26,6 +25,7 @@ from specscope.sizing import (
     kv_elements_per_token,
     model_size,
 )
+from specscope.verdict import cost_ratio_from_sizes
 
 
 def engine_version() -> str | None:

@@ -162,8 +162,8 @@ def sources(args: argparse.Namespace) -> list[Source]:
 def main(args: argparse.Namespace) -> int:
     """Run ``specscope top``; returns the exit code."""
     from specscope.alerts.rules import RuleConfigError, load_thresholds
-    from specscope.diagnostics import load_profile
     from specscope.tui.record import Player, Recorder, ReplaySource
+    from specscope.verdict import load_profile
 
     try:
         srcs = sources(args)

@@ -17,8 +17,8 @@ from specscope import intervals
 from specscope.alerts.evaluate import Alert, Evaluator
 from specscope.alerts.rules import Thresholds
 from specscope.collectors.scrape import Source, SourceError, WindowedSource
-from specscope.diagnostics import with_baseline
 from specscope.model import Snapshot, SpecCounts, StepProfile, Totals
+from specscope.verdict import with_baseline
 
 #: History points kept per target (one per poll): 15 minutes at the default interval.
 HISTORY = 900

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from specscope import tiny_models
-from specscope.diagnostics import load_profile
+from specscope.verdict import load_profile
 from tests.conftest import ENGINE_KW, shutdown
 
 pytestmark = pytest.mark.engine

@@ -93,7 +93,7 @@ def test_the_verdict_measured_against_a_baseline_and_from_configs(pair: tuple[An
     measured one predicts the measured speedup at batch 1, and their ratio is what an operator without a
     baseline would be off by on this CPU."""
     import specscope
-    from specscope.diagnostics import estimate
+    from specscope.verdict import estimate
     from specscope.wrapper import measure_step_times
 
     plain, head = pair
@@ -108,7 +108,7 @@ def test_the_verdict_measured_against_a_baseline_and_from_configs(pair: tuple[An
         baselines.append(measure_step_times(plain, (1,), tokens=64, rounds=1))
         specscope.instrument(head, predicting)
         run(head, work)
-    from specscope.diagnostics import merge_profiles
+    from specscope.verdict import merge_profiles
 
     configs = estimate(predicting.snapshot(), batch_size=1)
     predicting.set_baseline(merge_profiles(baselines))

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.engine
 SCRIPT = r'''
 import asyncio, json, sys
 import specscope, vllm
-from specscope.diagnostics import estimate
+from specscope.verdict import estimate
 from vllm import SamplingParams
 
 KW = dict(enforce_eager=True, dtype="float32", max_model_len=512, seed=0)

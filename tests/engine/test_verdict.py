@@ -65,7 +65,7 @@ def speculative(tiny: dict[str, Path], family: str, k: int, baseline: StepProfil
 def test_the_paying_pair_is_predicted_and_measured_to_pay_at_batch_1(tiny: dict[str, Path], plain: Any,
                                                                       baseline: StepProfile) -> None:
     import specscope
-    from specscope.diagnostics import estimate, k_schedule, k_table, merge_profiles, schedule_config
+    from specscope.verdict import estimate, k_schedule, k_table, merge_profiles, schedule_config
     from specscope.wrapper import measure_step_times
 
     spec = speculative(tiny, "deep01", 4, None)
@@ -124,7 +124,7 @@ def test_the_paying_pair_is_predicted_and_measured_to_pay_at_batch_1(tiny: dict[
 
 def test_a_draft_that_cannot_pay_is_told_to_turn_speculation_off(tiny: dict[str, Path], baseline: StepProfile) -> None:
     from specscope.catalogue import BY_NAME
-    from specscope.diagnostics import by_batch_size, estimate
+    from specscope.verdict import by_batch_size, estimate
 
     spec = speculative(tiny, "deep10", 4, baseline)
     try:
@@ -153,7 +153,7 @@ def test_the_recommended_schedule_followed_as_vllm_takes_it_measures_what_was_pr
     takes it, runs at the speedup the K table promised at each batch size; and a K=0 range runs at its priced
     speed, below plain (the draft still runs a pass a step), not at the plain engine's."""
     import specscope
-    from specscope.diagnostics import k_table, recommended_config
+    from specscope.verdict import k_table, recommended_config
     from specscope.wrapper import steady_throughput
 
     def steady(llm: Any, b: int) -> float:
@@ -223,7 +223,7 @@ def test_prompts_longer_than_the_prefill_chunk_are_not_timed_as_decode(tiny: dic
 def test_ngram_gets_a_finite_k_and_drafting_more_stops_paying(plain: Any) -> None:
     """n-gram lookup runs no model, but verifying K+1 tokens per request costs a step more: c is never 0."""
     import specscope
-    from specscope.diagnostics import estimate
+    from specscope.verdict import estimate
     from specscope.wrapper import measure_step_times
 
     llm = specscope.LLM(plain.llm_engine.vllm_config.model_config.model, specscope_hub=Hub(), **DEEP,
@@ -269,7 +269,7 @@ def test_every_rule_over_five_windows_under_load(tiny: dict[str, Path], baseline
     import specscope
     from specscope.alerts.evaluate import Evaluator
     from specscope.alerts.rules import RULES, Thresholds
-    from specscope.diagnostics import estimate
+    from specscope.verdict import estimate
 
     spec = speculative(tiny, family, 4, baseline)
     try:

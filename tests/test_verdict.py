@@ -13,7 +13,9 @@ import pytest
 from specscope import acceptance as acc
 from specscope.alerts.evaluate import Evaluator
 from specscope.alerts.rules import BY_RULE, Thresholds
-from specscope.diagnostics import (
+from specscope.hub import Hub, StepStats
+from specscope.model import CostRatio, EngineInfo, EngineSetup, Snapshot, StepProfile, StepTime
+from specscope.verdict import (
     ASSUMED_VERIFY_COST,
     by_batch_line,
     by_batch_size,
@@ -27,8 +29,6 @@ from specscope.diagnostics import (
     schedule_config,
     schedule_text,
 )
-from specscope.hub import Hub, StepStats
-from specscope.model import CostRatio, EngineInfo, EngineSetup, Snapshot, StepProfile, StepTime
 
 SETUP = EngineSetup(model="/m/target", architecture="LlamaForCausalLM layers=12", dtype="float32", device="cpu",
                     engine_version="0.32.0", max_num_seqs=16)
@@ -363,7 +363,7 @@ def test_a_prefill_share_never_timed_is_unknown_not_zero(tmp_path: Path) -> None
 def test_the_k_schedule_moves_one_way_between_measured_batch_sizes() -> None:
     """The schedule a newcomer saw, [[1, 2, 4], [3, 3, 3], [4, 4, 4], [5, 7, 3], [8, 13, 2], [14, 15, 1], [16, 16, 2]]
     (measured at 1, 4 and 16): between 1 and 4 K stays 4; between 4 and 16 it only falls, never below 2."""
-    from specscope.diagnostics import monotone_between
+    from specscope.verdict import monotone_between
 
     zigzag = [4, 4, 3, 4, 3, 3, 3, 2, 2, 2, 2, 2, 2, 1, 1, 2]
     assert monotone_between(zigzag, [(1, 4), (4, 4), (16, 2)]) == [4, 4, 4, 4, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 2]

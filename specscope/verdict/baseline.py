@@ -1,0 +1,98 @@
+"""Baselines: the same target's step times without speculation, saved, loaded, merged, and checked against the
+engine's setup before they are used."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import threading
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from specscope import intervals
+from specscope.model import (
+    EngineSetup,
+    Snapshot,
+    StepProfile,
+    StepTime,
+)
+
+log = logging.getLogger("specscope")
+
+
+def baseline_problem(baseline: StepProfile, setup: EngineSetup | None) -> str | None:
+    """Why ``baseline`` cannot be used for an engine of ``setup``; None when it can (or either is unknown)."""
+    if baseline.setup is None or setup is None:
+        return None
+    diff = baseline.setup.differences(setup)
+    return f"{baseline.source} was measured on another setup ({'; '.join(diff)})" if diff else None
+
+
+def with_baseline(snap: Snapshot, baseline: StepProfile) -> Snapshot:
+    """``snap`` with ``baseline`` in place of its own (refused, with the reason, when the setups differ)."""
+    return replace(snap, baseline=baseline, baseline_problem=baseline_problem(baseline, snap.engine.setup))
+
+
+def usable_baseline(snap: Snapshot) -> StepProfile | None:
+    """The baseline, unless it was measured on another setup."""
+    return snap.baseline if snap.baseline is not None and snap.baseline_problem is None else None
+
+
+def save_profile(profile: StepProfile, path: str | Path) -> None:
+    """Write step times and the setup they were measured on as a baseline file (JSON) for :func:`load_profile`."""
+    setup = profile.setup or EngineSetup()
+    doc = {"setup": asdict(setup),
+           "step_times": [{"batch_size": t.batch_size, "steps": t.steps, "mean_s": t.mean_s} for t in profile.times]}
+    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def merge_profiles(profiles: list[StepProfile]) -> StepProfile:
+    """One baseline from several calibrations of the same setup (step-weighted means by batch size)."""
+    return functools.reduce(intervals.add, profiles) if profiles else StepProfile((), "no calibration")
+
+
+def load_profile(path: str | Path) -> StepProfile:
+    """Read a baseline file; ValueError with one line saying what is wrong."""
+    try:
+        doc = json.loads(Path(path).read_text())
+        times = tuple(StepTime(int(t["batch_size"]), int(t["steps"]), float(t["mean_s"])) for t in doc["step_times"])
+        raw = doc.get("setup") or {}
+        setup = EngineSetup(**{k: v for k, v in raw.items() if k in EngineSetup.__dataclass_fields__}) if raw else None
+    except OSError as exc:
+        raise ValueError(f"cannot read baseline {path}: {exc.strerror or exc}") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{path} is not a specscope baseline (step_times by batch size): {exc}") from None
+    if not times or any(t.batch_size < 1 or t.steps < 1 or t.mean_s <= 0 for t in times):
+        raise ValueError(f"{path} is not a usable baseline: it needs positive batch sizes, steps and times")
+    name = setup.model if setup else doc.get("model")
+    return StepProfile(times, f"baseline {Path(path).name}" + (f" of {name}" if name else ""), setup)
+
+
+class Baseline:
+    """The same target's step times without speculation, kept but not used where measured on another setup (model
+    architecture, dtype, device, vLLM version, max_num_seqs, ...): ``state`` then says why, and one warning is
+    logged."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        #: The profile, and why it does not fit the engine's setup (None while it fits); read as one.
+        self.state: tuple[StepProfile | None, str | None] = (None, None)
+
+    def set(self, profile: StepProfile | None, setup: EngineSetup | None) -> None:
+        """Hold ``profile`` (None: none), checked against ``setup``, the engine's."""
+        with self._lock:
+            self.state = (profile, None)
+        self.check(setup)
+
+    def check(self, setup: EngineSetup | None) -> None:
+        """Check the profile against ``setup`` (the engine's, as last set) unless it was found not to fit."""
+        with self._lock:
+            profile, problem = self.state
+            if profile is None or problem is not None:
+                return
+            problem = baseline_problem(profile, setup)
+            if problem is None:
+                return
+            self.state = (profile, problem)
+        log.warning("specscope: baseline not used: %s; run `specscope calibrate` on this setup", problem)

@@ -1,0 +1,96 @@
+"""The cost ratio c: what one draft token costs as a share of a plain decode step, measured against a baseline,
+modelled for model-free methods, or estimated from the configs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specscope.model import (
+    CostRatio,
+    Snapshot,
+    StepTime,
+)
+from specscope.sizing import MODEL_FREE_METHODS, ModelSize
+from specscope.verdict.baseline import usable_baseline
+
+#: Decode steps a batch size needs before its mean step time is used.
+MIN_STEPS = 3
+
+
+#: c assumed for a model-free method when the live step times cannot be fitted (one batch size so far).
+ASSUMED_VERIFY_COST = 0.02
+
+
+def cost_ratio_from_sizes(target: ModelSize | None, draft: ModelSize | None, method: str | None) -> CostRatio | None:
+    """c from per-token parameters of the loaded configs; None for model-free methods or unknown sizes."""
+    if method in MODEL_FREE_METHODS or target is None or draft is None or not target.per_token:
+        return None
+    return CostRatio(draft.per_token / target.per_token,
+                     f"estimated from parameters per token ({draft.per_token:,} draft / {target.per_token:,} target)",
+                     target.weights, draft.weights)
+
+
+def spec_counts(snap: Snapshot) -> Any:
+    """The window's speculative counts, or the lifetime's while the window has no drafts."""
+    return snap.window.spec if snap.window.spec and snap.window.spec.drafts else snap.lifetime.spec
+
+
+def steps_at(snap: Snapshot, batch: int) -> StepTime | None:
+    """This engine's steps at ``batch``: the window's when it has enough, else the lifetime's."""
+    return snap.window.step_times.get(batch, MIN_STEPS) or snap.lifetime.step_times.get(batch, MIN_STEPS)
+
+
+def _spec_step_time(snap: Snapshot, batch: int) -> float | None:
+    st = steps_at(snap, batch)
+    if st is not None:
+        return st.mean_s
+    return snap.window.step_times.at(batch, MIN_STEPS) or snap.lifetime.step_times.at(batch, MIN_STEPS)
+
+
+def measured_cost(snap: Snapshot, batch_size: int) -> CostRatio | None:
+    """c at ``batch_size`` from live step times against the baseline; None without both, or where a speculative
+    step measures faster than the baseline's plain one."""
+    k = snap.engine.k_at(batch_size)
+    base = usable_baseline(snap)
+    if base is None or not k:
+        return None
+    t_spec, t_plain = _spec_step_time(snap, batch_size), base.at(batch_size, MIN_STEPS)
+    if t_spec is None or not t_plain or t_spec < t_plain:
+        # A speculative step verifies K+1 tokens a request: faster than a plain step, it says the baseline is not
+        # comparable now (taken while the machine ran slower, or elsewhere), not that speculation is free.
+        return None
+    sizes = snap.cost_ratio
+    return CostRatio(
+        (t_spec / t_plain - 1.0) / k,
+        f"measured at batch {batch_size}: {1e3 * t_spec:.1f} ms per speculative step, "
+        f"{1e3 * t_plain:.1f} ms without speculation ({base.source})",
+        sizes.target_params if sizes else None,
+        sizes.draft_params if sizes else None,
+    )
+
+
+def verify_cost(snap: Snapshot, batch_size: int) -> CostRatio:
+    """c for a model-free method without a baseline: the verification of K+1 tokens per request, modelled.
+
+    The live step times T(b) are fitted as T0 + β·(tokens a step verifies); without speculation a step would
+    verify one token per request, so c(b) = β·b / (T0 + β·b). With fewer than two batch sizes to fit, c is the
+    assumed :data:`ASSUMED_VERIFY_COST`.
+    """
+    k = snap.engine.k_at(batch_size) or 1
+    spec = spec_counts(snap)
+    times = [t for t in snap.lifetime.step_times.times if t.steps >= MIN_STEPS]
+    request_steps = sum(t.steps * t.batch_size for t in times)
+    per_request = 1.0 + (spec.draft_tokens / request_steps if spec is not None and request_steps else k)
+    if len(times) >= 2:
+        xs = [t.batch_size * per_request for t in times]
+        ys = [t.mean_s for t in times]
+        n, mx, my = len(xs), sum(xs) / len(xs), sum(ys) / len(ys)
+        sxx = sum((x - mx) ** 2 for x in xs)
+        beta = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
+        t0 = my - beta * mx
+        if beta > 0 and t0 > 0:
+            c = beta * batch_size / (t0 + beta * batch_size)
+            return CostRatio(c, f"verify model: live step times fitted over {n} batch sizes "
+                                f"({1e3 * t0:.1f} ms + {1e6 * beta:.0f} us per verified token); no baseline")
+    return CostRatio(ASSUMED_VERIFY_COST, f"assumed {ASSUMED_VERIFY_COST} per draft token for verifying K+1 tokens; "
+                                          "run specscope calibrate for a measured c")

@@ -1,0 +1,134 @@
+"""The K table by batch size and vLLM's ``num_speculative_tokens_per_batch_size`` schedule built from it."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from specscope.model import (
+    SCHEDULABLE_METHODS,
+    Snapshot,
+)
+from specscope.verdict.speedup import by_batch_size, estimate
+
+
+@dataclass(frozen=True)
+class KChoice:
+    """The best K at one batch size, with its expected speedup and the running K's."""
+
+    batch_size: int
+    k: int
+    speedup: float
+    running_k: int
+    running_speedup: float
+    #: What a K = 0 range in vLLM's schedule runs at here (not plain speed: see :func:`k0_decode`).
+    k0_speedup: float
+
+
+def k_table(snap: Snapshot) -> list[KChoice]:
+    """The K for vLLM's schedule at every batch size measured: the one that maximises goodput with speculation
+    configured, a K = 0 range priced at what it costs there."""
+    return [KChoice(e.batch_size or 0, e.scheduled_k, e.scheduled_speedup, e.k, e.expected_speedup, e.k0_speedup)
+            for e in by_batch_size(snap)]
+
+
+def k_schedule(snap: Snapshot, max_batch: int | None = None) -> list[tuple[int, int, int]]:
+    """vLLM's ``num_speculative_tokens_per_batch_size``: (first batch, last batch, K) ranges from 1 to
+    ``max_batch`` (default: the engine's max_num_seqs, else the largest batch measured).
+
+    Between measured batch sizes step times are interpolated, and the best K there is kept between the two
+    measured sizes' K and moves one way from the first to the second (:func:`monotone_between`), so noise in the
+    interpolation never makes K zig-zag; beyond the largest, its K carries on (as vLLM does for batch sizes past
+    the last range). Empty without measured estimates.
+    """
+    table = k_table(snap)
+    if not table:
+        return []
+    setup = snap.engine.setup
+    last = max_batch or (setup.max_num_seqs if setup and setup.max_num_seqs else table[-1].batch_size)
+    measured_to = table[-1].batch_size
+    ks: list[int] = []
+    for b in range(1, last + 1):
+        if b > measured_to:
+            ks.append(ks[-1])
+            continue
+        est = estimate(snap, batch_size=b)
+        ks.append(est.scheduled_k if est is not None and est.measured else (ks[-1] if ks else table[0].k))
+    ks = monotone_between(ks, [(c.batch_size, c.k) for c in table])
+    out: list[tuple[int, int, int]] = []
+    for b, k in enumerate(ks, start=1):
+        if out and out[-1][2] == k:
+            out[-1] = (out[-1][0], b, k)
+        else:
+            out.append((b, b, k))
+    return out
+
+
+def monotone_between(ks: list[int], measured: list[tuple[int, int]]) -> list[int]:
+    """``ks`` (the best K at batch 1, 2, ...) with each stretch between two measured batch sizes ``(batch, K)``
+    held between their K and moving only from the first's toward the second's."""
+    out = list(ks)
+    for (b0, k0), (b1, k1) in itertools.pairwise(measured):
+        lo, hi = min(k0, k1), max(k0, k1)
+        prev = k0
+        for b in range(b0 + 1, min(b1, len(out) + 1)):
+            k = min(hi, max(lo, out[b - 1]))
+            prev = out[b - 1] = min(k, prev) if k1 <= k0 else max(k, prev)
+    return out
+
+
+def schedule_config(schedule: list[tuple[int, int, int]]) -> dict[str, Any] | None:
+    """The speculative-config keys that apply ``schedule``; None when no batch size should speculate."""
+    top = max((k for _, _, k in schedule), default=0)
+    if top == 0:
+        return None
+    return {"num_speculative_tokens": top,
+            "num_speculative_tokens_per_batch_size": [list(r) for r in schedule]}
+
+
+def recommended_config(snap: Snapshot) -> dict[str, Any] | None:
+    """The schedule to configure, or None where speculation should be removed (``speculative_config`` dropped, a
+    restart): where no batch size measured pays even at its best K, since a K = 0 range still costs a draft pass.
+    For a method whose schedule vLLM drops (:data:`SCHEDULABLE_METHODS`), one K: the best at the operating batch."""
+    table = k_table(snap)
+    if not any(c.speedup >= 1.0 for c in table):
+        return None
+    method = snap.engine.method
+    if method is not None and method not in SCHEDULABLE_METHODS:
+        est = estimate(snap)
+        k = est.best_k if est is not None and est.measured else max(table, key=lambda c: c.speedup).k
+        return {"num_speculative_tokens": k} if k else None
+    return schedule_config(k_schedule(snap))
+
+
+def schedule_text(snap: Snapshot) -> list[str]:
+    """The K table and the ready-to-paste schedule, as lines (empty without a usable baseline)."""
+    table = k_table(snap)
+    if not table:
+        return []
+    lines = ["batch  best K  speedup   (running K)"]
+    for c in table:
+        zero = "   K=0 is not off: speculation removed runs 1.00x" if c.k == 0 else ""
+        lines.append(f"{c.batch_size:>5}  {c.k:>6}  {c.speedup:6.2f}x   (K={c.running_k}: {c.running_speedup:.2f}x)"
+                     + zero)
+    config = recommended_config(snap)
+    fixed = snap.engine.method is not None and snap.engine.method not in SCHEDULABLE_METHODS
+    if fixed:
+        lines.append(f"vLLM keeps no per-batch-size schedule for method {snap.engine.method}: one K, the best at "
+                     "the operating batch")
+    if config is None and fixed and any(c.speedup >= 1.0 for c in table):
+        lines.append("remove speculative_config: no K pays at the operating batch")
+    elif config is None:
+        worst = min(table, key=lambda c: c.k0_speedup)
+        lines.append("turn speculation off: remove speculative_config (a restart); no K pays at any batch size "
+                     f"measured, and K=0 in vLLM's schedule still runs the draft ({worst.k0_speedup:.2f}x at batch "
+                     f"{worst.batch_size})")
+    else:
+        lines.append("speculative_config: " + json.dumps(config, separators=(", ", ": ")))
+        losing = [c for c in table if c.speedup < 1.0]
+        if losing:
+            lines.append("costs at batch " + ", ".join(f"{c.batch_size} ({c.speedup:.2f}x)" for c in losing)
+                         + ": if the engine runs there most, remove speculative_config instead (a restart)")
+    return lines

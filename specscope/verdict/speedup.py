@@ -1,0 +1,271 @@
+"""The expected speedup at a batch size and K: the verdict's model (see the package docstring)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specscope import acceptance as acc
+from specscope.model import (
+    CostRatio,
+    Snapshot,
+    TrafficClass,
+)
+from specscope.sizing import MODEL_FREE_METHODS
+from specscope.verdict.cost import MIN_STEPS, measured_cost, spec_counts, steps_at, verify_cost
+
+#: Decode steps a batch size needs to get a row of its own in the by-batch verdict and the K table (batch sizes
+#: an engine passes through briefly, as a batch drains, are too noisy to advise on).
+MIN_TABLE_STEPS = 20
+
+
+#: Said of every estimate on an engine whose verification is lossy.
+LOSSY_CAVEAT = ("; acceptance counts loose accepts (rejection_sample_method fly): not comparable with exact "
+                "verification, and the speedup is that of the lossy method")
+
+
+@dataclass(frozen=True)
+class SpeedupEstimate:
+    """Expected speedup over no speculation at one batch size, at the running K and at every K in 0..16."""
+
+    alpha: float
+    k: int
+    cost_ratio: float
+    #: "measured", "parameter counts", "verify model" or "assumed"
+    cost_basis: str
+    cost_ratio_source: str
+    #: Tokens a request gains per decode step at the running K, and whether that was observed or modelled.
+    tokens_per_step: float
+    tokens_observed: bool
+    decode_speedup: float
+    #: Share of the engine's time in steps carrying prefill, which speculation does not speed up; None where no step
+    #: carrying prefill was timed at this batch size (the speedup is then decode's alone).
+    prefill_share: float | None
+    #: End-to-end speedup for K = 0 (speculation removed: 1.0) .. 16.
+    by_k: tuple[float, ...]
+    batch_size: int | None = None
+    #: End-to-end speedup of a K = 0 range in vLLM's ``num_speculative_tokens_per_batch_size``: speculation stays
+    #: configured, and a draft model or head still runs a pass every step to keep its KV cache in step with the
+    #: target (:func:`k0_decode`). Only removing ``speculative_config`` (a restart) gives ``by_k[0]``.
+    k0_speedup: float = 1.0
+    k0_basis: str = ""
+    #: What the estimate cannot account for, for people ("" when nothing).
+    caveat: str = ""
+
+    @property
+    def expected_speedup(self) -> float:
+        """End-to-end speedup at the running K."""
+        return self.by_k[self.k] if self.k < len(self.by_k) else self.decode_speedup
+
+    @property
+    def best_k(self) -> int:
+        """The K that maximises the speedup; 0 means speculation should be turned off."""
+        return acc.best_k(self.by_k)[0]
+
+    @property
+    def best_speedup(self) -> float:
+        """The speedup at :attr:`best_k` (1.0 when that is 0)."""
+        return acc.best_k(self.by_k)[1]
+
+    @property
+    def scheduled_k(self) -> int:
+        """The K to put in vLLM's schedule at this batch size, a K = 0 range priced at :attr:`k0_speedup`."""
+        return acc.best_k((self.k0_speedup, *self.by_k[1:]))[0]
+
+    @property
+    def scheduled_speedup(self) -> float:
+        """The speedup at :attr:`scheduled_k` with speculation configured."""
+        return acc.best_k((self.k0_speedup, *self.by_k[1:]))[1]
+
+    @property
+    def pays(self) -> bool:
+        """True when speculation at the running K is expected to be faster than plain decoding."""
+        return self.expected_speedup >= 1.0
+
+    @property
+    def measured(self) -> bool:
+        """True when c comes from live step times against a baseline."""
+        return self.cost_basis == "measured"
+
+    def explain(self) -> str:
+        """One paragraph a person can act on."""
+        verdict = "pays" if self.pays else "does NOT pay"
+        at = f" and batch {self.batch_size}" if self.batch_size else ""
+        tokens = f"{self.tokens_per_step:.2f} tokens/step {'observed' if self.tokens_observed else 'modelled'}"
+        share = self.prefill_share
+        prefill = (", prefill not timed at this batch size: decode only" if share is None
+                   else f", prefill {share:.0%} of engine time" if share >= 0.005 else "")
+        if self.best_k == 0:
+            advice = (f"turn speculation off (remove speculative_config, a restart): no K makes it pay here, and "
+                      f"K=0 in vLLM's schedule would run at {self.k0_speedup:.2f}x ({self.k0_basis})")
+        elif self.best_k == self.k:
+            advice = f"K={self.k} is already the best"
+        else:
+            advice = f"K={self.best_k} would give {self.best_speedup:.2f}x"
+        return (f"speculation {verdict}: expected speedup {self.expected_speedup:.2f}x at K={self.k}{at} "
+                f"(decode {self.decode_speedup:.2f}x{prefill}; {tokens}; alpha {self.alpha:.2f}; "
+                f"c {self.cost_ratio:.2f}, {self.cost_ratio_source}); {advice}{self.caveat}")
+
+
+def _observed_tokens(snap: Snapshot, k: int) -> float | None:
+    """Tokens a request gained per decode step, pooled over the batch sizes that ran ``k`` (acceptance depends on
+    the draft and the text, not on the batch): the window's, else the lifetime's."""
+    for interval in (snap.window, snap.lifetime):
+        times = [t for t in interval.step_times.times if t.steps and snap.engine.k_at(t.batch_size) == k]
+        request_steps = sum(t.steps * t.batch_size for t in times)
+        if request_steps >= MIN_STEPS and all(t.tokens for t in times):
+            return sum(t.tokens for t in times) / request_steps
+    return None
+
+
+def _prefill_per_decode(snap: Snapshot, batch: int | None, tokens: float) -> float | None:
+    """ρ at ``batch``: engine time on prefill per second of decode, from every step the engine ran there.
+
+    Steps carrying prefill often decode other requests too (a new request joins a running batch), so their time is
+    not all prefill. Over the steps at ``batch`` (pure decode and carrying prefill), the tokens decoded cost
+    (generated − first tokens) / (batch × E) decode steps of T_spec(batch); what the steps took beyond that is
+    prefill, which speculation leaves as it is. From the window's steps, else the lifetime's where the window timed
+    no step carrying prefill there; None (unknown, not 0) where neither did.
+    """
+    if not batch or tokens <= 0:
+        return None
+    st = steps_at(snap, batch)
+    if st is None or not st.prefill_steps:
+        st = snap.lifetime.step_times.get(batch, MIN_STEPS)
+    if st is None or not st.prefill_steps:
+        return None
+    decoded = st.tokens + st.prefill_tokens - st.first_tokens
+    decode_s = decoded / (st.batch_size * tokens) * st.mean_s
+    prefill_s = st.steps * st.mean_s + st.prefill_s - decode_s
+    return max(0.0, prefill_s) / decode_s if decode_s > 0 else 0.0
+
+
+def _draft_prefill(snap: Snapshot) -> float:
+    """The draft's prefill cost per token relative to the target's: it prefills every prompt too (a plain engine
+    does not). Its parameters per token against the target's; 0 for model-free methods or unknown sizes."""
+    sizes = snap.cost_ratio
+    if sizes is None or snap.engine.method in MODEL_FREE_METHODS or sizes.draft_params is None:
+        return 0.0
+    return sizes.value
+
+
+def _basis(cost: CostRatio, measured: bool) -> str:
+    if measured:
+        return "measured"
+    if cost.source.startswith("verify model"):
+        return "verify model"
+    if cost.source.startswith("assumed"):
+        return "assumed"
+    return "parameter counts"
+
+
+def estimate(snap: Snapshot, cost: CostRatio | None = None, batch_size: int | None = None) -> SpeedupEstimate | None:
+    """The estimate at ``batch_size`` (default: the snapshot's operating batch, ``decode_batch``); None without the
+    inputs. Computed once per snapshot and batch size (kept in ``snap.derived``) unless ``cost`` is given.
+
+    c is, in order: ``cost`` if given, measured against a usable baseline, the verify model for model-free
+    methods, else the snapshot's estimate from parameters.
+    """
+    if cost is not None:
+        return _estimate(snap, cost, batch_size)
+    key = ("estimate", batch_size)
+    if key not in snap.derived:
+        snap.derived[key] = _estimate(snap, None, batch_size)
+    return snap.derived[key]
+
+
+def _estimate(snap: Snapshot, cost: CostRatio | None, batch_size: int | None) -> SpeedupEstimate | None:
+    spec = spec_counts(snap)
+    batch = batch_size or snap.decode_batch
+    k = snap.engine.k_at(batch) if batch else snap.engine.num_speculative_tokens
+    if not k or spec is None or spec.alpha is None:
+        return None
+    measured = measured_cost(snap, batch) if cost is None and batch else None
+    if cost is None and measured is None and snap.engine.method in MODEL_FREE_METHODS:
+        cost = verify_cost(snap, batch or 1)
+    cost = cost or measured or snap.cost_ratio
+    if cost is None:
+        return None
+    a = spec.alpha
+    rates = spec.per_position[:k]
+    observed = _observed_tokens(snap, k)
+    modelled_now = acc.tokens_per_step(k, rates, a)
+    tokens = observed if observed is not None else modelled_now
+    # The share of request-steps that drafted, so that the model reproduces what was observed at the running K.
+    drafted = sum(rates)
+    fraction = min(1.0, max(0.0, (tokens - 1.0) / drafted)) if drafted > 0 else 1.0
+    decode = [acc.tokens_per_step(j, rates, a, fraction) / (j * cost.value + 1.0) for j in range(acc.K_MAX + 1)]
+    decode_now = tokens / (k * cost.value + 1.0)
+    if k < len(decode):
+        decode[k] = decode_now
+    rho, draft_prefill = _prefill_per_decode(snap, batch, tokens), _draft_prefill(snap)
+    by_k = (1.0, *(acc.end_to_end(s, decode_now, rho or 0.0, draft_prefill) for s in decode[1:]))
+    k0, k0_basis = k0_decode(snap, cost)
+    return SpeedupEstimate(
+        alpha=a, k=k, cost_ratio=cost.value, cost_basis=_basis(cost, measured is not None),
+        cost_ratio_source=cost.source, tokens_per_step=tokens, tokens_observed=observed is not None,
+        decode_speedup=decode_now, prefill_share=None if rho is None else rho / (1.0 + rho), by_k=by_k,
+        batch_size=batch if measured is not None or observed is not None else None,
+        k0_speedup=acc.end_to_end(k0, decode_now, rho or 0.0, draft_prefill), k0_basis=k0_basis,
+        caveat=LOSSY_CAVEAT if snap.engine.lossy_verification else "",
+    )
+
+
+def k0_decode(snap: Snapshot, cost: CostRatio) -> tuple[float, str]:
+    """Decode speedup of a K = 0 range in vLLM's schedule, and how it was priced.
+
+    vLLM's proposers for draft models, EAGLE and MTP run their first forward pass before they look at K, so that
+    the drafter's KV cache holds every token the target accepted: at K = 0 a step still costs one draft pass. Its
+    cost is taken as c at the smallest batch size measured, where verifying more tokens costs the target least,
+    so c is mostly the draft pass (a draft pass grows with the batch as a target step does; verification grows
+    faster); without a measured c, the estimate's c (an upper bound). n-gram and suffix lookup run no model at
+    K = 0: no cost is modelled (vLLM's speculative path still costs a few percent: ``benchmarks/results/k0.json``).
+    """
+    if snap.engine.method in MODEL_FREE_METHODS:
+        return 1.0, "n-gram and suffix lookup run no model at K=0"
+    for t in snap.lifetime.step_times.times:
+        if t.steps >= MIN_STEPS and (smallest := measured_cost(snap, t.batch_size)) is not None:
+            return 1.0 / (1.0 + smallest.value), (f"the draft still runs a pass a step: c {smallest.value:.2f} "
+                                                  f"measured at batch {t.batch_size}")
+    return 1.0 / (1.0 + cost.value), f"the draft still runs a pass a step: at most c {cost.value:.2f}"
+
+
+def class_speedup(snap: Snapshot, cls: TrafficClass, est: SpeedupEstimate | None = None) -> float | None:
+    """Expected end-to-end speedup for traffic of class ``cls`` at the operating batch: the engine's estimate
+    (``est``, default :func:`estimate`) with the class's own tokens per speculative step in place of the
+    engine's; None without the estimate or the class's window steps."""
+    est = est or estimate(snap)
+    length = cls.window.mean_acceptance_length
+    if est is None or length is None:
+        return None
+    share = est.prefill_share or 0.0
+    rho = share / (1.0 - share) if share < 1.0 else 0.0
+    decode = length / (est.k * est.cost_ratio + 1.0)
+    return acc.end_to_end(decode, est.decode_speedup, rho, _draft_prefill(snap))
+
+
+def by_batch_size(snap: Snapshot) -> list[SpeedupEstimate]:
+    """The measured estimate at every batch size this engine has run for long enough (needs a usable baseline)."""
+    out = []
+    for t in snap.lifetime.step_times.times:
+        if t.steps < MIN_TABLE_STEPS:
+            continue
+        est = estimate(snap, batch_size=t.batch_size)
+        if est is not None and est.measured:
+            out.append(est)
+    return out
+
+
+def by_batch_line(estimates: list[SpeedupEstimate]) -> str | None:
+    """"by batch size 1: 1.14x  8: 0.92x; pays at batch 1, not at 8" for a report; None without estimates."""
+    if not estimates:
+        return None
+    cells = "  ".join(f"{e.batch_size}: {e.expected_speedup:.2f}x" for e in estimates)
+    paying = ", ".join(str(e.batch_size) for e in estimates if e.pays)
+    losing = ", ".join(str(e.batch_size) for e in estimates if not e.pays)
+    if not losing:
+        verdict = "pays at every batch size measured"
+    elif not paying:
+        verdict = "pays at no batch size measured"
+    else:
+        verdict = f"pays at batch {paying}, not at {losing}"
+    return f"by batch size {cells}; {verdict}"
