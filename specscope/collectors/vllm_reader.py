@@ -423,6 +423,17 @@ _FINISHED = _Fields(request_id=None, finish_reason=None, num_prompt_tokens=None,
 #: vLLM's per-request speculative metrics object, read directly (its ``to_dict`` payload where a field is gone).
 _REQUEST_SPEC = _Fields(num_spec_tokens=None, histogram=None, num_draft_tokens=None, per_step_accepted=None,
                         per_step_drafted=None)
+#: Every field this module reads of vLLM's stats objects, by class: those of the readers above (fields read only
+#: where a newer vLLM has them, ``SchedulerStats.num_skipped_waiting_reqs``, are not needed). Checked against each
+#: supported release's contract (``tests/collectors/test_vllm_contract.py``).
+NEEDED_FIELDS: dict[str, tuple[str, ...]] = {
+    "SchedulerStats": _SCHEDULER._names,
+    "PrefixCacheStats": _PREFIX_CACHE._names,
+    "SpecDecodingStats": _SPEC._names,
+    "IterationStats": _ITERATION._names,
+    "FinishedRequestStats": tuple(dict.fromkeys(_FINISHED._names + _FINISHED_TOKENS._names)),
+    "RequestSpecDecodeMetrics": _REQUEST_SPEC._names,
+}
 
 
 def _spec(metrics: Any) -> tuple[dict[str, Any], tuple[Sequence[int], Sequence[int]] | None]:
