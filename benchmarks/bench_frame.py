@@ -24,9 +24,9 @@ from textual.widgets import DataTable
 
 from benchmarks._common import write
 from specscope.collectors.scrape import HubSource
+from specscope.fleet import Target
 from specscope.tui import view
 from specscope.tui.app import TopApp
-from specscope.tui.state import Target
 from tests.tui.helpers import Clock, busy_hub, feed
 
 FRAMES = 30

@@ -82,8 +82,8 @@ def main() -> int:
 
     from specscope.collectors.prometheus_source import PrometheusFleet
     from specscope.collectors.scrape import vllm_source
+    from specscope.fleet import Target
     from specscope.tui.app import TopApp
-    from specscope.tui.state import Target
     from tests.conftest import start_prometheus
 
     load = round(os.getloadavg()[0], 2)

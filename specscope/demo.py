@@ -32,9 +32,9 @@ from typing import Any
 
 from specscope.alerts.rules import Thresholds
 from specscope.collectors.scrape import HubSource
+from specscope.fleet import Target
 from specscope.hub import Hub
 from specscope.model import EngineInfo, StepProfile
-from specscope.tui.state import Target
 
 #: Short windows and waits so that every alert can come alive within the demo's few minutes.
 DEMO_THRESHOLDS = Thresholds(weak_draft_min_draft_tokens=100, weak_draft_for_s=3, keep_firing_for_s=600,

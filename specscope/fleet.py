@@ -1,4 +1,5 @@
-"""What the dashboard knows about each target: the last snapshot, the source's health, and a bounded history.
+"""A fleet of targets as any reader of them sees it (``specscope top``, ``top --once``, the demo): each target's
+last snapshot, its source's health, and a bounded history.
 
 Windows are computed here, from the difference between the latest lifetime counters and those ``w`` seconds
 earlier, so they work the same for every source (a /metrics page has no window of its own), and ``w`` and ``r``

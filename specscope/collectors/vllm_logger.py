@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 from collections import deque
-from typing import Any
+from typing import Any, NamedTuple
 
 from vllm.v1.metrics.loggers import AggregateStatLoggerBase
 
@@ -34,6 +34,17 @@ BATCH_S = PENDING_TIMEOUT_S / 2
 _NOT_FINISHED = object()
 
 
+class _Kept(NamedTuple):
+    """One engine step as ``record`` keeps it until the next flush: vLLM's stats objects, untouched."""
+
+    time: float
+    engine: int
+    scheduler: Any
+    iteration: Any
+    #: The GenAI operation of the requests that finished in the step (``_NOT_FINISHED``: none finished).
+    operation: Any
+
+
 class SpecscopeStatLogger(AggregateStatLoggerBase):
     """Feeds every engine step and every finished request into a :class:`~specscope.hub.Hub`."""
 
@@ -44,7 +55,7 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
         self.target: Hub = type(self).hub or default_hub()
         self.vllm_config = vllm_config
         self._clock = self.target.clock
-        self._pending: deque[tuple[Any, ...]] = deque()
+        self._pending: deque[_Kept] = deque()
         self._flushing = threading.Lock()
         self.target.add_pending_source(self.flush)
         self.engine_indexes = list(engine_indexes or [0])
@@ -98,11 +109,11 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
         try:
             now = self._clock()
             pending = self._pending
-            pending.append((now, engine_idx, scheduler_stats, iteration_stats,
-                            vllm_hook.OPERATION.get() if getattr(iteration_stats, "finished_requests", None)
-                            else _NOT_FINISHED))
+            pending.append(_Kept(now, engine_idx, scheduler_stats, iteration_stats,
+                                 vllm_hook.OPERATION.get() if getattr(iteration_stats, "finished_requests", None)
+                                 else _NOT_FINISHED))
             try:
-                oldest = pending[0][0]
+                oldest = pending[0].time
             except IndexError:  # a reader flushed them already
                 return
             if (len(pending) >= BATCH_STEPS or now - oldest >= BATCH_S
@@ -120,13 +131,13 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
             if rows:
                 self._add(rows)
 
-    def _add(self, rows: list[tuple[Any, ...]]) -> None:
+    def _add(self, rows: list[_Kept]) -> None:
         hub = self.target
         # The finished requests' parts first: adding the steps releases the records whose other part is overdue
         # at the batch's last step, and these parts are not overdue.
         try:
             parts = []
-            for now, engine, _, it, operation in [row for row in rows if row[4] is not _NOT_FINISHED]:
+            for now, engine, _, it, operation in [row for row in rows if row.operation is not _NOT_FINISHED]:
                 for fin in vllm_reader.finished_requests(it):
                     fin.fields["engine"] = engine
                     if operation:
@@ -137,8 +148,8 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
         except Exception as exc:
             hub.health.count_error("stat logger requests", exc)
         missing: list[str] = []
-        for engine in {row[1] for row in rows}:
-            steps = [row for row in rows if row[1] == engine]
+        for engine in {row.engine for row in rows}:
+            steps = [row for row in rows if row.engine == engine]
             try:
                 batch = self._read(steps, missing)
                 hub.record_steps(engine, batch)
@@ -150,21 +161,22 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
             self._hook_failures = vllm_hook.failures
             hub.health.count_error("request hook", RuntimeError("vLLM's request state changed shape"))
 
-    def _read(self, rows: list[tuple[Any, ...]], missing: list[str]) -> StepBatch:
+    def _read(self, rows: list[_Kept], missing: list[str]) -> StepBatch:
         """The steps of ``rows`` (one engine's); a step vLLM filled in a way this reader cannot read costs that step
         alone."""
         try:
-            return vllm_reader.read_steps([r[0] for r in rows], [r[2] for r in rows], [r[3] for r in rows], missing)
+            return vllm_reader.read_steps([r.time for r in rows], [r.scheduler for r in rows],
+                                          [r.iteration for r in rows], missing)
         except Exception:
             readable = []
             for row in rows:
                 try:
-                    vllm_reader.read_steps([row[0]], [row[2]], [row[3]])
+                    vllm_reader.read_steps([row.time], [row.scheduler], [row.iteration])
                     readable.append(row)
                 except Exception as exc:
                     self.target.health.count_error("stat logger step", exc)
-            return vllm_reader.read_steps([r[0] for r in readable], [r[2] for r in readable],
-                                          [r[3] for r in readable], missing)
+            return vllm_reader.read_steps([r.time for r in readable], [r.scheduler for r in readable],
+                                          [r.iteration for r in readable], missing)
 
     def log_engine_initialized(self) -> None:
         """Re-read the configuration: the KV block count is known once the engine is up."""

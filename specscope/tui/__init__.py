@@ -12,8 +12,8 @@ from urllib.parse import urlsplit
 from specscope.alerts.rules import Thresholds
 from specscope.auth import is_loopback
 from specscope.collectors.scrape import EndpointSource, Source, SourceError, base_url, sglang_source, vllm_source
+from specscope.fleet import Target, run_once
 from specscope.model import Snapshot
-from specscope.tui.state import Target, run_once
 
 
 class UsageError(ValueError):

@@ -21,9 +21,9 @@ from textual.widgets import Footer, Input, Static
 
 from specscope.alerts.evaluate import Alert
 from specscope.alerts.rules import Thresholds
+from specscope.fleet import Target
 from specscope.tui import view
 from specscope.tui.record import Player, Recorder
-from specscope.tui.state import Target
 from specscope.tui.table import LineTable, RequestTable
 
 #: Window lengths the ``w`` key cycles through, in seconds.

@@ -13,10 +13,10 @@ from typing import Any
 from rich.text import Text
 
 from specscope.alerts.evaluate import Alert
+from specscope.fleet import Target
 from specscope.memory import draft_kv_cost
 from specscope.model import RequestRecord, Snapshot, TrafficClass
 from specscope.summary import percent
-from specscope.tui.state import Target
 from specscope.verdict import by_batch_line, by_batch_size, class_speedup, estimate, recommended_config
 
 BAR = 20

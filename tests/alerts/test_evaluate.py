@@ -238,8 +238,8 @@ def test_a_failing_rule_is_counted_where_the_dashboard_shows_it() -> None:
     from dataclasses import replace
 
     from specscope.collectors.scrape import HubSource
+    from specscope.fleet import Target
     from specscope.tui import view
-    from specscope.tui.state import Target
 
     _, hub, _, _ = setup()
     drafting(hub, 1)

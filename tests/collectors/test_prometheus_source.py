@@ -19,7 +19,7 @@ import pytest
 from specscope.collectors.prometheus_source import PrometheusFleet, selector_matchers
 from specscope.collectors.promtext import parse
 from specscope.collectors.scrape import SourceError, vllm_snapshot
-from specscope.tui.state import Target
+from specscope.fleet import Target
 from tests.conftest import free_port, start_prometheus
 
 FIXTURE = (Path(__file__).resolve().parent.parent / "fixtures" / "vllm_metrics.txt").read_text()

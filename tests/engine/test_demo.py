@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from specscope.demo import SCENARIOS
+from specscope.fleet import Target
 from specscope.tui.record import Player, ReplaySource
-from specscope.tui.state import Target
 
 pytestmark = pytest.mark.engine
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from specscope.alerts.rules import Thresholds
+from specscope.fleet import Target
 from specscope.tui.app import TopApp
 from specscope.tui.record import Player, ReplaySource
-from specscope.tui.state import Target
 
 RECORDING = Path(__file__).parent.parent / "fixtures" / "demo-recording.jsonl.gz"
 #: The demo's alert settings (short waits), so the recording's alerts come alive.

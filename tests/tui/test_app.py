@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from specscope.collectors.scrape import EndpointSource
+from specscope.fleet import Target
 from specscope.tui.app import HelpScreen, TopApp
-from specscope.tui.state import Target
 from specscope.tui.table import RequestTable
 from tests.tui.conftest import replay_app
 from tests.tui.helpers import Clock, busy_hub, http_server, reply

@@ -35,8 +35,8 @@ def test_no_color(snap_compare: Any, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_traffic_classes(snap_compare: Any) -> None:
+    from specscope.fleet import Target
     from specscope.tui.app import TopApp
-    from specscope.tui.state import Target
     from tests.tui.test_app import ClassSource, class_hub
 
     source = ClassSource(class_hub())

@@ -11,9 +11,9 @@ import pytest
 from specscope.collectors.promtext import parse
 from specscope.collectors.scrape import EndpointSource, SourceError, sglang_snapshot, sglang_source, vllm_snapshot
 from specscope.endpoint import Endpoint
+from specscope.fleet import Target
 from specscope.intervals import since
 from specscope.model import Snapshot
-from specscope.tui.state import Target
 from tests.tui.helpers import Clock, busy_hub, feed, http_server, reply
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
