@@ -3,8 +3,8 @@ speculation configured: a draft model (and an EAGLE head, on the same proposer) 
 step to keep its KV cache in step with the target; n-gram proposes nothing. Only removing ``speculative_config``
 (a restart) gives plain speed.
 
-On the deep family's f = 0.01 pair (draft model), its EAGLE-3 head and n-gram over the same target, at batch 1, 4
-and 16:
+On the deep family's f = 0.01 pair (draft model), its EAGLE-3 head and n-gram over the same target, and the same
+target as a MiMo model with one MTP layer (against itself without speculation), at batch 1, 4 and 16:
 
 - **measured**: output tokens/s of an engine whose schedule is K = 0 at every batch size, against the plain target,
   the batch held full for a few seconds (``steady_throughput``), the engines run alternately, medians of rounds;
@@ -12,7 +12,7 @@ and 16:
   against the plain target's calibration, as an operator running K = 2 would see it in ``specscope top``;
 - the K = 2 engine's own measured speedup beside them (what the schedule gives up by choosing K = 0 there).
 
-Run: python benchmarks/bench_k0.py [--rounds 3] [--methods draft,eagle3,ngram]
+Run: python benchmarks/bench_k0.py [--rounds 3] [--methods draft,eagle3,ngram,mtp]
 Results: benchmarks/results/k0.json (a run of some methods keeps the saved cells of the others)
 """
 
@@ -48,7 +48,10 @@ METHODS: dict[str, dict[str, Any]] = {
     "draft": {"method": "draft_model", "model": "deep01-draft"},
     "eagle3": {"method": "eagle3", "model": "deep01-eagle3"},
     "ngram": {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4},
+    "mtp": {"method": "mtp"},
 }
+#: the target each method runs on (its plain engine is the baseline); deep01-target unless named here.
+TARGETS = {"mtp": "deep01-mimo"}
 
 
 def main() -> None:
@@ -63,10 +66,12 @@ def main() -> None:
     from specscope.verdict import estimate
 
     models = tiny_models.build()
-    target = str(models["deep01-target"])
     t0 = time.monotonic()
-    engines = {"plain": specscope.LLM(target, specscope_hub=specscope.Hub(), **ENGINE)}
+    plain = {m: f"plain {TARGETS.get(m, 'deep01-target')}" for m in methods}
+    engines = {name: specscope.LLM(str(models[name.removeprefix("plain ")]), specscope_hub=specscope.Hub(), **ENGINE)
+               for name in dict.fromkeys(plain.values())}
     for m in methods:
+        target = str(models[TARGETS.get(m, "deep01-target")])
         config = {k: str(models[v]) if k == "model" else v for k, v in METHODS[m].items()}
         engines[f"{m} K=2"] = specscope.LLM(target, specscope_hub=specscope.Hub(), **ENGINE, speculative_config={
             **config, "num_speculative_tokens": 2})
@@ -76,19 +81,19 @@ def main() -> None:
         for b in BATCHES:
             llm.generate(PROMPTS[:b], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
     names = list(engines)
-    ratios: dict[str, dict[int, list[float]]] = {n: {b: [] for b in BATCHES} for n in names[1:]}
+    ratios: dict[str, dict[int, list[float]]] = {n: {b: [] for b in BATCHES} for n in names if n in _spec(methods)}
     predicted: dict[str, dict[int, list[float]]] = {f"{m} K=2": {b: [] for b in BATCHES} for m in methods}
     costs: dict[str, dict[int, list[float]]] = {n: {b: [] for b in BATCHES} for n in predicted}
     for r in range(args.rounds):
         for b in BATCHES:
             order = names if r % 2 == 0 else names[::-1]
             tok_s = {n: steady_throughput(engines[n], b, WINDOW_S, PROMPTS, TOKENS) for n in order}
-            for n in names[1:]:
-                ratios[n][b].append(tok_s[n] / tok_s["plain"])
-        baseline = measure_step_times(engines["plain"], BATCHES, tokens=TOKENS, rounds=1)
+            for n in ratios:
+                ratios[n][b].append(tok_s[n] / tok_s[plain[n.split()[0]]])
+        baselines = {p: measure_step_times(engines[p], BATCHES, tokens=TOKENS, rounds=1) for p in set(plain.values())}
         for n in predicted:  # the K = 2 engines' own runs, against this round's calibration
             hub = specscope.Hub()
-            hub.set_baseline(baseline)
+            hub.set_baseline(baselines[plain[n.split()[0]]])
             specscope.instrument(engines[n], hub)
             for b in BATCHES:
                 steady_throughput(engines[n], b, WINDOW_S, PROMPTS, TOKENS)
@@ -115,7 +120,8 @@ def main() -> None:
         rounds[method] = args.rounds
     errors: list[float] = [c["k0_predicted"] / c["k0_measured"] - 1 for m in cells.values() for c in m.values()
               if c["k0_predicted"] is not None]
-    result = {"pair": "deep01-target with deep01-draft (draft_model), deep01-eagle3 (eagle3) and n-gram lookup",
+    result = {"pair": "deep01-target with deep01-draft (draft_model), deep01-eagle3 (eagle3) and n-gram lookup; "
+                      "deep01-mimo (the same target as MiMo) with its MTP layer (mtp)",
               "rounds_by_method": rounds, "window_s": WINDOW_S, "cells": cells,
               "worst_prediction_error": round(worst, 3) if (worst := max(errors, key=abs, default=None)) is not None
               else None,
@@ -128,6 +134,11 @@ def main() -> None:
         for b, c in by_b.items():
             print(f"{method:5} batch {b:>2}: K=0 in schedule measured {c['k0_measured']:.2f}x "
                   f"(rounds {c['k0_measured_rounds']}), predicted {c['k0_predicted']}; K=2 {c['k2_measured']:.2f}x")
+
+
+def _spec(methods: list[str]) -> set[str]:
+    """The speculative engines' names for these methods."""
+    return {f"{m} K={k}" for m in methods for k in (0, 2)}
 
 
 if __name__ == "__main__":
