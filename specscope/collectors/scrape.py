@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Protocol, runtime_checkable
 
 from specscope.catalogue import exported_name as _p
+from specscope.collectors.middleware import SNAPSHOT_PATH
 from specscope.collectors.promtext import ParseError, Samples, parse
 from specscope.merge import combine_kv
 from specscope.model import (
@@ -35,6 +36,14 @@ from specscope.model import (
 
 #: What a /metrics page cannot provide.
 METRICS_PAGE_UNAVAILABLE = ("requests", "gpu", "kv_tokens", "tokenizer", "cost_ratio", "window")
+#: In ``Snapshot.unavailable`` where the server answers /metrics but has no specscope (the plugin never loaded: not
+#: installed, or vLLM 0.33's Rust front end, which loads no Python plugin), so it cannot be read as an endpoint.
+NO_PLUGIN = "specscope_plugin"
+#: What :data:`NO_PLUGIN` means, in a line for the screen.
+NO_PLUGIN_SAYS = ("specscope is not loaded in this server (/specscope/snapshot: 404): not installed, or vLLM's "
+                  "Rust front end")
+#: Seconds between probes of :data:`PLUGIN_PATH` (a server restarted with or without the plugin is seen again).
+PROBE_EVERY_S = 60.0
 
 
 class SourceError(Exception):
@@ -124,22 +133,43 @@ class EndpointSource:
 
 
 class MetricsSource:
-    """An engine's Prometheus ``/metrics`` page, mapped into a snapshot by ``convert``."""
+    """An engine's Prometheus ``/metrics`` page, mapped into a snapshot by ``convert``. With ``probe`` (a path on the
+    same server), the path is asked for every :data:`PROBE_EVERY_S` seconds, and a 404 there puts
+    :data:`NO_PLUGIN` in the snapshot's ``unavailable`` (any other answer, 401 included, means it is served)."""
 
-    def __init__(self, url: str, convert: Callable[[Samples, float], Snapshot], timeout: float = 2.0) -> None:
+    def __init__(self, url: str, convert: Callable[[Samples, float], Snapshot], timeout: float = 2.0,
+                 probe: str | None = None) -> None:
         base = base_url(url)
         self.url = base if base.endswith("/metrics") else base + "/metrics"
         self.name = base.removesuffix("/metrics")
         self.convert = convert
         self.timeout = timeout
+        self.probe = probe
+        self._absent: bool | None = None
+        self._probed_at = -PROBE_EVERY_S
 
     def fetch(self) -> Snapshot:
         """GET /metrics and convert it."""
         text = http_get(self.url, self.timeout)
         try:
-            return self.convert(parse(text), time.time())
+            snap = self.convert(parse(text), time.time())
         except (ParseError, ValueError, KeyError, TypeError) as exc:
             raise SourceError(f"{self.url}: not a metrics page ({str(exc)[:80]})") from None
+        return replace(snap, unavailable=(*snap.unavailable, NO_PLUGIN)) if self._probe_absent() else snap
+
+    def _probe_absent(self) -> bool:
+        """Whether the probed path answered 404 (the last answer; unknown while it cannot be reached)."""
+        if self.probe is None or time.monotonic() - self._probed_at < PROBE_EVERY_S:
+            return bool(self._absent)
+        self._probed_at = time.monotonic()
+        try:
+            http_get(self.name + self.probe, self.timeout)
+            self._absent = False
+        except SourceError as exc:
+            self._absent = str(exc).endswith("HTTP 404") or (False if " HTTP " in str(exc) else self._absent)
+        except Exception:  # a URL urllib cannot take: the probe says nothing
+            self._absent = None
+        return bool(self._absent)
 
 
 class HubSource:
@@ -412,7 +442,7 @@ def sglang_snapshot(samples: Samples, now: float) -> Snapshot:
 
 def vllm_source(url: str, timeout: float = 2.0) -> MetricsSource:
     """An unmodified vLLM server."""
-    return MetricsSource(url, vllm_snapshot, timeout)
+    return MetricsSource(url, vllm_snapshot, timeout, probe=SNAPSHOT_PATH)
 
 
 def sglang_source(url: str, timeout: float = 2.0) -> MetricsSource:

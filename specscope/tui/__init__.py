@@ -11,7 +11,16 @@ from urllib.parse import urlsplit
 
 from specscope.alerts.rules import Thresholds
 from specscope.auth import is_loopback
-from specscope.collectors.scrape import EndpointSource, Source, SourceError, base_url, sglang_source, vllm_source
+from specscope.collectors.scrape import (
+    NO_PLUGIN,
+    NO_PLUGIN_SAYS,
+    EndpointSource,
+    Source,
+    SourceError,
+    base_url,
+    sglang_source,
+    vllm_source,
+)
 from specscope.fleet import Target, run_once
 from specscope.model import Snapshot
 
@@ -235,5 +244,5 @@ def _once(targets: list[Target], args: argparse.Namespace, player: object | None
             for where, n in t.rule_errors.items():
                 print(f"specscope error: {where} failed {n} time(s) (last: {t.last_rule_error})")
             for what in snap.unavailable:
-                print(f"n/a from this source: {what}")
+                print(NO_PLUGIN_SAYS if what == NO_PLUGIN else f"n/a from this source: {what}")
     return 1 if failed else 0

@@ -21,6 +21,7 @@ from textual.widgets import Footer, Input, Static
 
 from specscope.alerts.evaluate import Alert
 from specscope.alerts.rules import Thresholds
+from specscope.collectors.scrape import NO_PLUGIN, NO_PLUGIN_SAYS
 from specscope.fleet import Target
 from specscope.tui import view
 from specscope.tui.record import Player, Recorder
@@ -272,7 +273,9 @@ class TopApp(App[None]):
         if snap is None:
             self._update("#requests-title", Text("REQUESTS"))
             return
-        if "requests" in snap.unavailable:
+        if NO_PLUGIN in snap.unavailable:
+            self._update("#requests-title", Text(f"REQUESTS: n/a ({NO_PLUGIN_SAYS})"))
+        elif "requests" in snap.unavailable:
             self._update("#requests-title",
                          Text("REQUESTS: per-request rows are n/a from a /metrics page (use a specscope endpoint)"))
         else:

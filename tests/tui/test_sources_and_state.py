@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -186,3 +187,51 @@ def test_window_comes_from_the_history_of_polls() -> None:
     assert [a.rule for a in alerts] == ["SpecscopeAcceptanceCollapse"] and alerts[0].state == "pending"
     t.reset()
     assert t.windowed(60).window.generation_tokens == 0  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("plugin_status", "flagged"), [(404, True), (401, False), (200, False)])
+def test_a_vllm_server_without_specscope_is_said_so(plugin_status: int, flagged: bool) -> None:
+    """--vllm probes the server's /specscope/snapshot: a 404 there (no plugin, or vLLM 0.33's Rust front end, which
+    loads none) is said on the screen and in --once; a 401 (the middleware behind --api-key) or a 200 is not."""
+    import subprocess
+    import sys
+
+    from specscope.collectors.scrape import NO_PLUGIN, NO_PLUGIN_SAYS, vllm_source
+
+    page = (FIXTURES / "vllm_metrics.txt").read_bytes()
+    asked: list[str] = []
+
+    def handle(req: Any) -> None:
+        asked.append(req.path)
+        if req.path == "/metrics":
+            reply(req, 200, page)
+        else:
+            reply(req, plugin_status, b"{}" if plugin_status == 200 else b"no")
+
+    with http_server(handle) as url:
+        source = vllm_source(url)
+        first, second = source.fetch(), source.fetch()
+        r = subprocess.run([sys.executable, "-m", "specscope.cli", "top", "--vllm", url, "--once"],
+                           capture_output=True, text=True, timeout=60)
+    assert (NO_PLUGIN in first.unavailable) is flagged and (NO_PLUGIN in second.unavailable) is flagged
+    assert asked.count("/specscope/snapshot") == 2  # once per source (then every minute), not on every poll
+    assert r.returncode == 0, r.stderr
+    assert (NO_PLUGIN_SAYS in r.stdout) is flagged
+    assert "n/a from this source: requests" in r.stdout
+
+
+def test_an_unanswered_probe_flags_nothing() -> None:
+    """A probe the server does not answer (the connection closes) says nothing about the plugin."""
+    from specscope.collectors.scrape import NO_PLUGIN, vllm_source
+
+    page = (FIXTURES / "vllm_metrics.txt").read_bytes()
+
+    def handle(req: Any) -> None:
+        if req.path == "/metrics":
+            reply(req, 200, page)
+        else:
+            req.close_connection = True  # no answer at all
+
+    with http_server(handle) as url:
+        snap = vllm_source(url).fetch()
+    assert NO_PLUGIN not in snap.unavailable and "requests" in snap.unavailable
