@@ -73,15 +73,15 @@ def busy_snapshot(n: int = 1000) -> Snapshot:
                               block_size=16, num_blocks=4096, engine_version="0.32.0",
                               k_schedule=((1, 8, 4), (9, 32, 3), (33, 256, 2)), setup=setup,
                               draft_memory=DraftMemory(2_000_000_000, 131_072, 16_384)))
-    hub.set_tokenizer_status(TokenizerStatus("compatible", ("draft adds 2 special tokens",), 0.998))
-    hub.set_cost_ratio(CostRatio(0.12, "parameter counts", 8_000_000_000, 1_000_000_000))
+    hub.tokenizer = TokenizerStatus("compatible", ("draft adds 2 special tokens",), 0.998)
+    hub.cost_ratio = CostRatio(0.12, "parameter counts", 8_000_000_000, 1_000_000_000)
     hub.set_baseline(StepProfile(tuple(StepTime(b, 200, 0.011 + b / 10_000, 200 * b, 5, 0.2, 40, 5)
                                        for b in (1, 2, 4, 8, 16)), "baseline", setup))
     for i in range(n):
         hub.record_step(StepStats(running=8, waiting=0, kv_usage=0.4, num_spec_tokens=4, drafts=8, draft_tokens=32,
                                   accepted=20, accepted_per_pos=[7, 6, 4, 3], draft_tokens_per_pos=[8] * 4,
                                   generation_tokens=28, finished=1, finished_tokens=178, prompt_tokens=50))
-        hub.record_request(f"cmpl-{i}", prompt_tokens=50, generation_tokens=128, e2e_s=1.0 + i % 7, ttft_s=0.05,
+        hub.requests.record(f"cmpl-{i}", prompt_tokens=50, generation_tokens=128, e2e_s=1.0 + i % 7, ttft_s=0.05,
                            tpot_s=0.007, num_spec_tokens=4, spec_steps=32, draft_tokens=128, accepted_tokens=80,
                            acceptance_histogram=(4, 4, 8, 8, 8))
     hub.wait_idle()

@@ -38,14 +38,14 @@ def main() -> None:
     def new_hub() -> Hub:
         hub = Hub(max_requests=1000, clock=lambda: clock[0])
         hub.set_engine(EngineInfo(num_speculative_tokens=4, block_size=128, num_blocks=1024))
-        hub.expect_request_parts(2)
+        hub.requests.expect_parts(2)
         return hub
 
     def feed(hub: Hub, start: int, stop: int) -> None:
         for i in range(start, stop):
             hub.record_step(step)
-            hub.record_request(f"cmpl-{i}", **timing)
-            hub.record_request(f"cmpl-{i}", **spec)
+            hub.requests.record(f"cmpl-{i}", **timing)
+            hub.requests.record(f"cmpl-{i}", **spec)
             clock[0] += 0.01  # 100 requests a second: the window and its history fill and roll over
 
     # Speed on its own (tracemalloc slows allocation), then memory of a hub traced from its creation.

@@ -63,7 +63,7 @@ def filled_hub() -> Hub:
                               num_speculative_tokens=4, block_size=16, num_blocks=1001))
     for i in range(RECORDS):
         hub.record_step(STEP)
-        hub.record_request(f"cmpl-{i:06d}-0", finish_reason="length", prompt_tokens=120, generation_tokens=256,
+        hub.requests.record(f"cmpl-{i:06d}-0", finish_reason="length", prompt_tokens=120, generation_tokens=256,
                            cached_tokens=64, e2e_s=2.5, ttft_s=0.08, tpot_s=0.009, queued_s=0.01, prefill_s=0.07,
                            decode_s=2.4, num_spec_tokens=4, spec_steps=90, draft_tokens=360, accepted_tokens=170,
                            acceptance_histogram=(20, 20, 20, 15, 15), engine=0)

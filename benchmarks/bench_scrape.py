@@ -32,7 +32,7 @@ def main() -> None:
         hub.record_step(StepStats(running=8, waiting=0, kv_usage=0.4, num_spec_tokens=4, drafts=8, draft_tokens=32,
                                   accepted=20, accepted_per_pos=[7, 6, 4, 3], draft_tokens_per_pos=[8] * 4,
                                   generation_tokens=28, finished=1, finished_tokens=178, prompt_tokens=50))
-        hub.record_request(f"cmpl-{i}", prompt_tokens=50, generation_tokens=128, e2e_s=1.0 + i % 7, ttft_s=0.05,
+        hub.requests.record(f"cmpl-{i}", prompt_tokens=50, generation_tokens=128, e2e_s=1.0 + i % 7, ttft_s=0.05,
                            tpot_s=0.007, num_spec_tokens=4, spec_steps=32, draft_tokens=128, accepted_tokens=80,
                            acceptance_histogram=(4, 4, 8, 8, 8))
     registry = CollectorRegistry(auto_describe=False)

@@ -1,10 +1,12 @@
-"""The hub's background threads: finished requests to the listeners, GPU memory readings for the snapshots."""
+"""The hub's helpers off the engine's path: finished requests to the listeners, GPU memory readings for the
+snapshots, and the writers that keep steps to flush before a read."""
 
 from __future__ import annotations
 
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable
 
 from specscope.health import HealthLog
@@ -113,3 +115,29 @@ class GpuPoller:
             self._wake.clear()
             self._wake.wait(max(self.interval, 0.01))
             self.poll()
+
+
+class Flushers:
+    """Writers that keep steps before adding them (the stat logger), flushed before every read so that readers see
+    every step recorded so far; held weakly, and a failing one is counted in ``health``."""
+
+    def __init__(self, health: HealthLog) -> None:
+        self._health = health
+        self._lock = threading.Lock()
+        self._refs: list[weakref.WeakMethod[Callable[[], None]]] = []
+
+    def add(self, flush: Callable[[], None]) -> None:
+        """Call ``flush`` (a bound method) before every read while its object lives."""
+        with self._lock:
+            self._refs = [w for w in self._refs if w() is not None]
+            self._refs.append(weakref.WeakMethod(flush))
+
+    def flush(self) -> None:
+        """Call every live writer's flush."""
+        for ref in self._refs:
+            flush = ref()
+            if flush is not None:
+                try:
+                    flush()
+                except Exception as exc:
+                    self._health.count_error("stat logger flush", exc)

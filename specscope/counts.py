@@ -4,7 +4,7 @@
 :mod:`specscope.collectors.vllm_reader` reads them from vLLM and as everything here counts them. :class:`StepTimer`
 says how long each step took; :class:`Counts` adds both up for an interval; :class:`Ring` keeps one ``Counts`` per
 second for the sliding window, preallocated so that memory stays flat, and folds each finished second into the
-lifetime.
+lifetime. One engine's stream of them is :class:`specscope.streams.EngineStream`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import NamedTuple
 
-from specscope.model import EngineInfo, EngineView, KVCache, SpecCounts, StepProfile, StepTime, Totals
+from specscope.model import SpecCounts, StepProfile, StepTime, Totals
 
 #: The scalar counts of an interval, each with the step field it sums (the only place that maps the two; ``steps``
 #: counts steps).
@@ -26,9 +26,6 @@ _SOURCES = (("steps", None), ("prompt_tokens", "prompt_tokens"), ("generation_to
 SCALARS = tuple(name for name, _ in _SOURCES)
 #: Distinct batch sizes kept per interval (vLLM's max_num_seqs is 256 to 1024 in practice).
 MAX_BATCH_SIZES = 1024
-#: Why the KV token estimate is withheld while requests share cached prefix blocks.
-SHARED_PREFIXES = ("not estimable while requests share prefix-cache blocks (vLLM counts a shared block once; "
-                   "requests' token counts cannot tell which blocks they share)")
 
 
 @dataclass(slots=True)
@@ -322,71 +319,3 @@ class Ring:
         if self.current >= 0:
             self.past.add(self.buckets[self.current % self.size])
         self.current = -1
-
-
-class EngineStream:
-    """Everything one engine's steps say: lifetime and per-second counts, step timing, the gauges it reported last,
-    and the KV token estimate (tokens held by its live requests). Kept per engine of a data-parallel server, so
-    that no engine's gauges overwrite another's and step timing never spans two engines' reports."""
-
-    __slots__ = ("decode_batch", "kv_usage", "live_tokens", "ring", "running", "timer", "updated_at", "waiting")
-
-    def __init__(self, ring_size: int) -> None:
-        self.ring = Ring(ring_size)
-        self.timer = StepTimer()
-        self.running: int | None = None
-        self.waiting: int | None = None
-        self.kv_usage: float | None = None
-        self.live_tokens = 0
-        self.decode_batch: int | None = None
-        self.updated_at: float | None = None
-
-    def add_steps(self, steps: StepBatch) -> None:
-        """Add consecutive steps of this engine (the caller holds the hub's lock); the steps of one second are added
-        to its bucket together."""
-        timings = self.timer.time(steps)
-        times = steps.times
-        seconds = list(map(int, times))
-        start, n = 0, len(seconds)
-        while start < n:
-            second = seconds[start]
-            end = start + 1
-            while end < n and seconds[end] == second:
-                end += 1
-            whole = start == 0 and end == n
-            self.ring.bucket(second).add_steps(steps if whole else steps.part(start, end),
-                                               timings if whole else timings[start:end])
-            start = end
-        last = next((t for t in reversed(timings) if t is not None and t[2]), None)
-        if last is not None:
-            self.decode_batch = last[0]
-        # The gauges as the last step that reported them; the KV estimate step by step.
-        kv = next((v for v in reversed(steps.kv_usage) if v is not None), None)
-        if kv is not None:
-            self.kv_usage = kv
-        last_report = next((i for i in range(n - 1, -1, -1) if steps.running[i] is not None), None)
-        if last_report is not None:
-            self.running, self.waiting = steps.running[last_report], steps.waiting[last_report]
-            self.updated_at = times[last_report]
-        live = self.live_tokens
-        for running, waiting, prompt, generated, finished in zip(
-                steps.running, steps.waiting, steps.prompt_tokens, steps.generation_tokens, steps.finished_tokens,
-                strict=True):
-            if running == 0 and not waiting:
-                live = 0  # this engine is idle: nothing can be held, whatever the estimate drifted to
-                continue
-            live += prompt + generated - finished
-            if live < 0:
-                live = 0
-        self.live_tokens = live
-
-    def view(self, index: int, info: EngineInfo, lifetime: Totals, window: Totals) -> EngineView:
-        """This engine in a snapshot, given its totals; with prefix-cache hits in the window the KV token estimate
-        is withheld, with why."""
-        shared = window.prefix_cache_hits > 0
-        kv = KVCache(block_size=info.block_size, num_blocks=info.num_blocks, block_usage=self.kv_usage,
-                     tokens_held=None if shared or self.kv_usage is None else self.live_tokens,
-                     not_estimable=SHARED_PREFIXES if shared else None)
-        return EngineView(index=index, lifetime=lifetime, window=window, running=self.running, waiting=self.waiting,
-                          kv=kv, decode_batch=window.step_times.busiest() or self.decode_batch,
-                          updated_at=self.updated_at)

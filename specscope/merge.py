@@ -8,7 +8,7 @@ the process that heard from that engine last; request records are the newest of 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from specscope import intervals
@@ -161,3 +161,9 @@ def merge(snaps: Sequence[Snapshot], max_requests: int = 1000) -> Snapshot:
         folded_classes=sum(s.folded_classes for s in snaps),
         processes=sum(s.processes for s in snaps),
     )
+
+
+def sum_known(values: Iterable[int | None]) -> int | None:
+    """The sum of the values that are known; None when none is."""
+    present = [v for v in values if v is not None]
+    return sum(present) if present else None

@@ -221,7 +221,7 @@ class OtelExporter:
                 self._owned.append(tracer_provider)
             self._tracer_provider = tracer_provider
             self._tracer = tracer_provider.get_tracer("specscope", __version__)
-        hub.add_listener(self._on_request)
+        hub.requests.add_listener(self._on_request)
 
     def _metric_exporter(self) -> Any:
         c = self.config
@@ -317,7 +317,7 @@ class OtelExporter:
 
     def shutdown(self) -> None:
         """Stop recording; flush and stop the providers specscope built (given ones are the application's)."""
-        self.hub.remove_listener(self._on_request)
+        self.hub.requests.remove_listener(self._on_request)
         self.force_flush()
         for provider in self._owned:
             provider.shutdown()

@@ -43,11 +43,11 @@ def _record_output(hub: Hub, output: Any) -> None:
                 fields["operation"] = operation
             if cls:
                 fields["traffic_class"] = cls
-            hub.record_request(str(output.request_id), **fields)
+            hub.requests.record(str(output.request_id), **fields)
             for completion in getattr(output, "outputs", None) or ():
                 steps = vllm_reader.per_step_counts(getattr(completion, "spec_decode_metrics", None))
                 if steps is not None:
-                    hub.record_draft_positions(*steps)
+                    hub.requests.record_positions(*steps)
     except Exception as exc:
         hub.health.count_error("request output", exc)
 
@@ -93,7 +93,7 @@ def instrument(engine: Any, hub: Hub | None = None, *, keep_vllm_loggers: bool |
 def _record_outputs(target: Any, hub: Hub, stat_logger: Any, removed: list[Any]) -> None:
     """Where vLLM cannot be hooked: join the engine's outputs (speculative numbers, front-end TTFT) as a
     second part of each request record."""
-    hub.expect_request_parts(2)
+    hub.requests.expect_parts(2)
     if isinstance(target, _VllmAsyncLLM):
         original: Callable[..., Any] = target.generate
 

@@ -31,7 +31,7 @@ HINT = "the API key goes only to loopback hosts and to those named with --api-ke
 @pytest.fixture
 def keyed() -> Iterator[Endpoint]:
     hub = Hub()
-    hub.record_request("req-secret-id", e2e_s=1.0)
+    hub.requests.record("req-secret-id", e2e_s=1.0)
     endpoint = Endpoint(hub.snapshot, "127.0.0.1", 0, api_key=KEY)
     yield endpoint
     endpoint.close()

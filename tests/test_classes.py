@@ -25,7 +25,7 @@ class Clock:
 def record(hub: Hub, rid: str, cls: str | None, hist: tuple[int, ...], prompt_tokens: int = 10, **kw: Any) -> None:
     """A finished request whose steps accepted ``j`` tokens ``hist[j]`` times, K = len(hist) - 1."""
     k = len(hist) - 1
-    hub.record_request(rid, traffic_class=cls, prompt_tokens=prompt_tokens, spec_steps=sum(hist),
+    hub.requests.record(rid, traffic_class=cls, prompt_tokens=prompt_tokens, spec_steps=sum(hist),
                        draft_tokens=k * sum(hist), accepted_tokens=sum(j * n for j, n in enumerate(hist)),
                        acceptance_histogram=hist, **kw)
 
@@ -92,7 +92,7 @@ def test_classes_past_the_limit_are_folded_into_other_and_counted() -> None:
     # A client sending a new name with every request grows neither the classes nor what remembers the folded names.
     hub = Hub(max_classes=1, max_requests=10)
     for i in range(MAX_FOLDED + 50):
-        hub.record_request(f"r{i}", traffic_class=f"n{i}")
+        hub.requests.record(f"r{i}", traffic_class=f"n{i}")
     snap = hub.snapshot()
     assert [c.name for c in snap.classes] == ["other", "n0"] and snap.folded_classes == MAX_FOLDED
     assert snap.classes[0].lifetime.requests == MAX_FOLDED + 49
@@ -101,12 +101,12 @@ def test_classes_past_the_limit_are_folded_into_other_and_counted() -> None:
 def test_a_late_part_moves_a_request_to_the_class_it_brings_and_counts_it_once() -> None:
     clock = Clock()
     hub = Hub(clock=clock)
-    hub.expect_request_parts(2)
-    hub.record_request("r", prompt_tokens=10, spec_steps=2, draft_tokens=8, accepted_tokens=4,
+    hub.requests.expect_parts(2)
+    hub.requests.record("r", prompt_tokens=10, spec_steps=2, draft_tokens=8, accepted_tokens=4,
                        acceptance_histogram=(1, 0, 0, 0, 1))
-    clock.t += Hub.PENDING_TIMEOUT_S + 1
-    hub.record_request("other", prompt_tokens=5)  # releases "r" as it is: counted in its prompt-length bucket
-    hub.record_request("r", traffic_class="code")  # its late part says which class it was
+    clock.t += hub.requests.PENDING_TIMEOUT_S + 1
+    hub.requests.record("other", prompt_tokens=5)  # releases "r" as it is: counted in its prompt-length bucket
+    hub.requests.record("r", traffic_class="code")  # its late part says which class it was
     by = {c.name: c.lifetime for c in hub.snapshot().classes}
     assert by["code"].requests == 1 and by["code"].accepted == 4 and by["code"].accepted_by_position == (1, 1, 1, 1)
     assert "prompt:<256" not in by or by["prompt:<256"].accepted == 0
@@ -168,7 +168,7 @@ def test_a_class_s_expected_speedup_uses_its_own_tokens_per_step() -> None:
 
     hub = Hub()
     hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model"))
-    hub.set_cost_ratio(CostRatio(0.1, "given"))
+    hub.cost_ratio = CostRatio(0.1, "given")
     hub.record_step(StepStats(num_spec_tokens=4, drafts=10, draft_tokens=40, accepted=20,
                               accepted_per_pos=(8, 6, 4, 2), running=1, waiting=0))
     record(hub, "good", "chat", (0, 0, 0, 0, 5))  # 5 tokens a step
@@ -190,7 +190,7 @@ def test_class_windows_are_summed_by_second_and_old_seconds_dropped() -> None:
         record(hub, f"r{i}", "code", (1, 1))
     code = hub.snapshot().classes[0]
     assert code.lifetime.requests == 200 and code.window.requests == 11  # now - 10 s to now, not the 5 kept
-    assert len(hub._requests._class_seconds) <= 21 + 64  # bounded by the history, not by the run
+    assert len(hub.requests._log._class_seconds) <= 21 + 64  # bounded by the history, not by the run
     hub.reset_window()  # the class window restarts with the engine's; the lifetime stays
     code = hub.snapshot().classes[0]
     assert code.window.requests == 0 and code.window.acceptance_rate is None and code.lifetime.requests == 200

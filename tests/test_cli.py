@@ -79,7 +79,7 @@ tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
 trace.set_tracer_provider(tracer_provider)
 hub = Hub()
 started = exports.from_env(hub, env={"SPECSCOPE_OTLP": "global"})
-hub.record_request("r1", prompt_tokens=5, generation_tokens=7, e2e_s=0.5)
+hub.requests.record("r1", prompt_tokens=5, generation_tokens=7, e2e_s=0.5)
 hub.wait_idle()
 names = [m.name for rm in reader.get_metrics_data().resource_metrics for sm in rm.scope_metrics for m in sm.metrics]
 started.close()
@@ -104,7 +104,7 @@ def test_exports_from_env_start_what_is_asked_and_skip_bad_settings(tmp_path: Pa
     from specscope.model import TokenizerStatus
 
     hub = Hub()
-    hub.set_tokenizer_status(TokenizerStatus("mismatch"))
+    hub.tokenizer = TokenizerStatus("mismatch")
     jsonl = tmp_path / "alerts.jsonl"
     started = exports.from_env(hub, {"SPECSCOPE_PROMETHEUS_PORT": "0", "SPECSCOPE_ALERTS": "1",
                                      "SPECSCOPE_ALERTS_JSONL": str(jsonl)})

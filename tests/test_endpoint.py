@@ -28,7 +28,7 @@ OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 def served() -> Iterator[tuple[Hub, Endpoint]]:
     hub = filled_hub()
     for i, fields in enumerate(REQUESTS):
-        hub.record_request(f"req-{i}", **fields)
+        hub.requests.record(f"req-{i}", **fields)
     endpoint = Endpoint(hub.snapshot, port=0)
     yield hub, endpoint
     endpoint.close()
@@ -98,7 +98,7 @@ def test_binds_loopback_by_default_and_port_in_use_is_one_line() -> None:
 def test_scrape_of_1000_requests_is_fast() -> None:
     hub = filled_hub()
     for i in range(1000):
-        hub.record_request(f"r{i}", **REQUESTS[i % 2])
+        hub.requests.record(f"r{i}", **REQUESTS[i % 2])
     endpoint = Endpoint(hub.snapshot, port=0)
     try:
         with httpx.Client() as client:

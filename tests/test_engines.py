@@ -100,10 +100,10 @@ def test_merge_adds_counts_and_takes_each_engines_freshest_gauges() -> None:
         hub.set_engine(EngineInfo(model="m", method="draft_model", num_speculative_tokens=4, block_size=16,
                                   num_blocks=101))
     a.record_step(step(3, 0.4, 2), engine=0)  # this process heard from engine 0 first ...
-    a.record_request("r-a", e2e_s=1.0, draft_tokens=8, accepted_tokens=4, spec_steps=2)
+    a.requests.record("r-a", e2e_s=1.0, draft_tokens=8, accepted_tokens=4, spec_steps=2)
     clock.t += 5
     b.record_step(step(1, 0.2, 4), engine=0)  # ... the other one later
-    b.record_request("r-b", e2e_s=2.0, draft_tokens=4, accepted_tokens=4, spec_steps=1)
+    b.requests.record("r-b", e2e_s=2.0, draft_tokens=4, accepted_tokens=4, spec_steps=1)
     merged = merge([a.local_snapshot(), b.local_snapshot()])
     assert merged.lifetime.spec.accepted == 3 * 2 + 1 * 4  # type: ignore[union-attr]
     (engine,) = merged.engines

@@ -138,13 +138,13 @@ def test_window_rate_uses_elapsed_time_while_young_and_resets() -> None:
 
 def test_request_parts_are_joined_and_listeners_get_one_complete_record() -> None:
     hub = Hub()
-    hub.expect_request_parts(2)
+    hub.requests.expect_parts(2)
     got: list[Any] = []
-    hub.add_listener(got.append)
-    hub.record_request("a", prompt_tokens=10, generation_tokens=20, e2e_s=1.0)
+    hub.requests.add_listener(got.append)
+    hub.requests.record("a", prompt_tokens=10, generation_tokens=20, e2e_s=1.0)
     hub.wait_idle()
     assert got == []
-    hub.record_request("a", spec_steps=5, draft_tokens=20, accepted_tokens=10, acceptance_histogram=(1, 1, 1, 1, 1))
+    hub.requests.record("a", spec_steps=5, draft_tokens=20, accepted_tokens=10, acceptance_histogram=(1, 1, 1, 1, 1))
     hub.wait_idle()
     assert len(got) == 1
     rec = got[0]
@@ -158,11 +158,11 @@ def test_request_parts_are_joined_and_listeners_get_one_complete_record() -> Non
 def test_a_request_missing_its_second_part_is_released_after_a_timeout() -> None:
     clock = Clock()
     hub = Hub(clock=clock)
-    hub.expect_request_parts(2)
+    hub.requests.expect_parts(2)
     got: list[Any] = []
-    hub.add_listener(got.append)
-    hub.record_request("lonely", e2e_s=1.0)
-    clock.t += Hub.PENDING_TIMEOUT_S + 0.1
+    hub.requests.add_listener(got.append)
+    hub.requests.record("lonely", e2e_s=1.0)
+    clock.t += hub.requests.PENDING_TIMEOUT_S + 0.1
     hub.record_step(StepStats())
     hub.wait_idle()
     assert [r.request_id for r in got] == ["lonely"]
@@ -171,11 +171,11 @@ def test_a_request_missing_its_second_part_is_released_after_a_timeout() -> None
 def test_pending_records_are_released_while_the_engine_is_idle() -> None:
     clock = Clock()
     hub = Hub(clock=clock)
-    hub.expect_request_parts(2)
+    hub.requests.expect_parts(2)
     got: list[Any] = []
-    hub.add_listener(got.append)
-    hub.record_request("idle", e2e_s=1.0)
-    clock.t += Hub.PENDING_TIMEOUT_S + 0.1
+    hub.requests.add_listener(got.append)
+    hub.requests.record("idle", e2e_s=1.0)
+    clock.t += hub.requests.PENDING_TIMEOUT_S + 0.1
     deadline = time.monotonic() + 5.0
     while not got and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -189,16 +189,16 @@ def test_a_part_that_comes_after_its_record_was_released_amends_it_and_counts_on
     clock = Clock()
     hub = Hub(clock=clock)
     hub.set_engine(EngineInfo(num_speculative_tokens=4))
-    hub.expect_request_parts(2)
+    hub.requests.expect_parts(2)
     got: list[Any] = []
-    hub.add_listener(got.append)
-    hub.record_request("late", e2e_s=1.0, ttft_s=0.2)
-    clock.t += Hub.PENDING_TIMEOUT_S + 0.1
+    hub.requests.add_listener(got.append)
+    hub.requests.record("late", e2e_s=1.0, ttft_s=0.2)
+    clock.t += hub.requests.PENDING_TIMEOUT_S + 0.1
     hub.record_step(StepStats())
-    hub.record_request("late", e2e_s=1.0, ttft_s=None, spec_steps=5, draft_tokens=20, accepted_tokens=10,
+    hub.requests.record("late", e2e_s=1.0, ttft_s=None, spec_steps=5, draft_tokens=20, accepted_tokens=10,
                        acceptance_histogram=(1, 1, 1, 1, 1))
     hub.record_step(StepStats())
-    clock.t += 2 * Hub.PENDING_TIMEOUT_S
+    clock.t += 2 * hub.requests.PENDING_TIMEOUT_S
     hub.record_step(StepStats())
     hub.wait_idle()
     assert [r.request_id for r in got] == ["late"]
@@ -213,14 +213,15 @@ def test_a_part_that_comes_after_its_record_was_released_amends_it_and_counts_on
 
 def test_the_stat_logger_keeps_steps_for_less_time_than_a_record_waits_for_its_part() -> None:
     from specscope.collectors.vllm_logger import BATCH_S
+    from specscope.request_store import RequestStore
 
-    assert BATCH_S < Hub.PENDING_TIMEOUT_S
+    assert BATCH_S < RequestStore.PENDING_TIMEOUT_S
 
 
 def test_request_history_is_bounded() -> None:
     hub = Hub(max_requests=100)
     for i in range(1000):
-        hub.record_request(str(i), e2e_s=0.1)
+        hub.requests.record(str(i), e2e_s=0.1)
     snap = hub.snapshot()
     assert len(snap.requests) == 100
     assert snap.requests[0].request_id == "900" and snap.requests[-1].seq == 1000
@@ -233,7 +234,7 @@ def test_memory_is_flat_over_many_requests_and_steps() -> None:
 
     def feed(start: int, n: int) -> None:
         for i in range(start, start + n):
-            hub.record_request(str(i), **fields)
+            hub.requests.record(str(i), **fields)
             hub.record_step(spec_step(1, [2]))
 
     def held() -> int:
@@ -259,7 +260,7 @@ def test_concurrent_writers_lose_nothing() -> None:
     def writer(w: int) -> None:
         for i in range(2000):
             hub.record_step(spec_step(1, [1], generation_tokens=1))
-            hub.record_request(f"{w}-{i}", e2e_s=0.0)
+            hub.requests.record(f"{w}-{i}", e2e_s=0.0)
 
     threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
     for t in threads:
@@ -276,11 +277,11 @@ def test_concurrent_writers_lose_nothing() -> None:
 def test_failures_are_counted_always_and_logged_once(caplog: Any) -> None:
     hub = Hub(gpu_poll_s=0)
     hub.add_gpu_source("flaky", lambda: 1 / 0)
-    hub.add_listener(lambda rec: (_ for _ in ()).throw(RuntimeError("boom")))
+    hub.requests.add_listener(lambda rec: (_ for _ in ()).throw(RuntimeError("boom")))
     with caplog.at_level(logging.WARNING, logger="specscope"):
         for i in range(5):
             hub.snapshot()
-            hub.record_request(str(i))
+            hub.requests.record(str(i))
         hub.wait_idle()
         deadline = time.monotonic() + 5  # the GPU thread polls every 10 ms here, failing each time
         while dict(hub.snapshot().health.errors).get("gpu source flaky", 0) < 5 and time.monotonic() < deadline:
@@ -294,11 +295,11 @@ def test_failures_are_counted_always_and_logged_once(caplog: Any) -> None:
 
 def test_full_listener_queue_drops_and_counts() -> None:
     hub = Hub()
-    hub._dispatch.queue.maxsize = 3
+    hub.requests._dispatch.queue.maxsize = 3
     gate = threading.Event()
-    hub.add_listener(lambda rec: gate.wait(5))
+    hub.requests.add_listener(lambda rec: gate.wait(5))
     for i in range(10):
-        hub.record_request(str(i))
+        hub.requests.record(str(i))
     dropped = hub.snapshot().health.dropped_records
     gate.set()
     assert 6 <= dropped <= 7  # one may already be in the listener's hands
@@ -345,7 +346,7 @@ def test_kv_token_estimate_follows_live_requests() -> None:
 def test_snapshot_is_json_ready_and_immutable() -> None:
     hub = Hub()
     hub.record_step(spec_step(1, [3]))
-    hub.record_request("x", spec_steps=1, draft_tokens=4, accepted_tokens=3, acceptance_histogram=(0, 0, 0, 1, 0))
+    hub.requests.record("x", spec_steps=1, draft_tokens=4, accepted_tokens=3, acceptance_histogram=(0, 0, 0, 1, 0))
     snap = hub.snapshot()
     d = json.loads(json.dumps(snap.to_dict()))
     assert d["lifetime"]["spec"]["acceptance_rate"] == 0.75
@@ -372,7 +373,7 @@ def test_acceptance_by_output_position_bins_each_step_where_it_drafted() -> None
             row[0] += 4
             row[1] += a
             position += a + 1
-        hub.record_draft_positions(accepted, [4] * len(accepted))
+        hub.requests.record_positions(accepted, [4] * len(accepted))
     positions = hub.snapshot().acceptance_by_output_position
     assert positions is not None
     assert [list(x) for x in zip(positions.draft_tokens, positions.accepted, strict=True)] == expected

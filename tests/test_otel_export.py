@@ -35,8 +35,8 @@ def filled_hub() -> Hub:
 
     nvml = FakeNvml([{"name": "NVIDIA H100", "used": 30 * GiB, "total": 80 * GiB, "procs": [(os.getpid(), GiB)]}])
     hub.add_gpu_source("gpu", GpuCollector(nvml=nvml))
-    hub.set_tokenizer_status(TokenizerStatus("identical", overlap=1.0))
-    hub.set_cost_ratio(CostRatio(0.1, "estimated from parameter counts", 10_000, 1_000))
+    hub.tokenizer = TokenizerStatus("identical", overlap=1.0)
+    hub.cost_ratio = CostRatio(0.1, "estimated from parameter counts", 10_000, 1_000)
     for _ in range(3):
         hub.record_step(StepStats(running=2, waiting=1, kv_usage=0.25, num_spec_tokens=4, drafts=3, draft_tokens=12,
                                   accepted=7, accepted_per_pos=[3, 2, 1, 1], draft_tokens_per_pos=[3, 3, 3, 3],
@@ -64,7 +64,7 @@ def test_every_catalogue_metric_and_every_request_span_arrives(receiver: Any) ->
                             headers={"authorization": "Bearer s3cret"}, env={})
     exporter = OtelExporter(hub, config)
     for i, fields in enumerate(REQUESTS):
-        hub.record_request(f"req-{i}", **fields)
+        hub.requests.record(f"req-{i}", **fields)
     hub.wait_idle()
     exporter.force_flush()
     snap = hub.snapshot()
@@ -137,9 +137,9 @@ def test_given_providers_get_the_metrics_and_spans_and_the_right_operation() -> 
     running = exports.start(hub, otlp=resolve_config(endpoint="http://127.0.0.1:9", env={}), meter_provider=meters,
                             tracer_provider=tracers)
     fields = {"e2e_s": 0.5, "generation_tokens": 8}
-    hub.record_request("chatcmpl-abc", **fields)  # vLLM's server: a chat completion's id
-    hub.record_request("cmpl-def-0", **fields)  # a completion's
-    hub.record_request("7", operation="chat", **fields)  # offline LLM.chat, said by the wrapper
+    hub.requests.record("chatcmpl-abc", **fields)  # vLLM's server: a chat completion's id
+    hub.requests.record("cmpl-def-0", **fields)  # a completion's
+    hub.requests.record("7", operation="chat", **fields)  # offline LLM.chat, said by the wrapper
     hub.wait_idle()
     ops = {s.attributes["gen_ai.response.id"]: (s.name, s.attributes["gen_ai.operation.name"])
            for s in memory.get_finished_spans() if s.attributes}

@@ -45,7 +45,7 @@ def draft_step(accepted: list[int], k: int = 4, **kw: Any) -> StepStats:
 def hub_with(accepted: list[int], c: float, k: int = 4, method: str = "draft_model") -> Hub:
     hub = Hub()
     hub.set_engine(EngineInfo(num_speculative_tokens=k, method=method))
-    hub.set_cost_ratio(CostRatio(c, "given"))
+    hub.cost_ratio = CostRatio(c, "given")
     hub.record_step(draft_step(accepted, k))
     return hub
 
@@ -193,7 +193,7 @@ def with_baseline(hub: Hub, tmp_path: Path, setup: EngineSetup = SETUP) -> StepP
 def speculative_hub(clock: Clock, accepted: int = 3) -> Hub:
     hub = Hub(clock=clock)
     hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model", setup=SETUP))
-    hub.set_cost_ratio(CostRatio(1.0, "estimated from parameters per token", 100, 100))
+    hub.cost_ratio = CostRatio(1.0, "estimated from parameters per token", 100, 100)
     steps(hub, clock, 1, 0.008, 30, accepted=accepted, prefill_s=0.004)
     steps(hub, clock, 16, 0.030, 30, accepted=accepted, prefill_s=0.064)
     return hub
@@ -310,7 +310,7 @@ def test_observed_tokens_per_step_beat_the_alpha_model_at_the_running_k() -> Non
     clock = Clock()
     hub = Hub(clock=clock)
     hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model"))
-    hub.set_cost_ratio(CostRatio(0.1, "given"))
+    hub.cost_ratio = CostRatio(0.1, "given")
     per_pos = [72, 36, 18, 9]
     counts = [8, 36, 18, 9, 9]  # drafts accepting exactly 0..4 tokens
     accepted = [j for j, n in enumerate(counts) for _ in range(n)]
@@ -348,7 +348,7 @@ def test_a_prefill_share_never_timed_is_unknown_not_zero(tmp_path: Path) -> None
     clock = Clock()
     hub = Hub(clock=clock)
     hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model", setup=SETUP))
-    hub.set_cost_ratio(CostRatio(1.0, "estimated from parameters per token", 100, 100))
+    hub.cost_ratio = CostRatio(1.0, "estimated from parameters per token", 100, 100)
     steps(hub, clock, 1, 0.008, 30, accepted=3)  # no prefill step timed
     with_baseline(hub, tmp_path)
     est = estimate(hub.snapshot(), batch_size=1)

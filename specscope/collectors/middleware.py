@@ -147,7 +147,7 @@ class SpecscopeMiddleware:
         #: The header the operator names for a request's class (e.g. ``x-tenant``), after ``baggage``.
         self.class_header = named.encode("latin-1") if named else None
         if self.join:
-            self.hub.expect_request_parts(2)
+            self.hub.requests.expect_parts(2)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -206,11 +206,11 @@ class SpecscopeMiddleware:
 
     def _record(self, response_id: str, body: dict[str, Any], cls: str | None) -> None:
         # vLLM's engine sees "<id>-0" for the first prompt of a completion, "<id>" for a chat completion.
-        rid = next((c for c in (response_id, f"{response_id}-0") if self.hub.has_request(c)), response_id)
-        self.hub.record_request(rid, **vllm_reader.response_fields(body), traffic_class=cls)
+        rid = next((c for c in (response_id, f"{response_id}-0") if self.hub.requests.has(c)), response_id)
+        self.hub.requests.record(rid, **vllm_reader.response_fields(body), traffic_class=cls)
         steps = vllm_reader.per_step_counts((body.get("metrics") or {}).get("speculative_decoding"))
         if steps is not None:
-            self.hub.record_draft_positions(*steps)
+            self.hub.requests.record_positions(*steps)
 
     async def _snapshot(self, scope: Scope, send: Send) -> None:
         if not self.guard.allows(scope):

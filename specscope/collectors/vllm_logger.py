@@ -61,10 +61,10 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
         self.engine_indexes = list(engine_indexes or [0])
         self._hook_failures = vllm_hook.failures
         if vllm_hook.install():
-            self.target.expect_request_parts(1)  # the engine's own records are complete
+            self.target.requests.expect_parts(1)  # the engine's own records are complete
         try:
             self.target.set_engine(vllm_reader.engine_info(vllm_config))
-            self.target.set_cost_ratio(vllm_reader.cost_ratio(vllm_config))
+            self.target.cost_ratio = vllm_reader.cost_ratio(vllm_config)
             baseline = os.environ.get("SPECSCOPE_BASELINE")
             if baseline and type(self).hub is None:
                 from specscope.verdict import load_profile
@@ -144,7 +144,7 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
                         fin.fields["operation"] = operation
                     parts.append((now, fin.request_id, fin.fields, fin.per_step))
             if parts:
-                hub.record_finished(parts)
+                hub.requests.record_finished(parts)
         except Exception as exc:
             hub.health.count_error("stat logger requests", exc)
         missing: list[str] = []
@@ -201,7 +201,7 @@ def _check_tokenizers_in_background(hub: Hub, vllm_config: Any) -> None:
     """Compare the target's and the draft's tokenizers as the engine loaded them (names or directories), off the
     engine's path; the verdict goes to the hub (and the alert rules). Skipped when the hub has one already."""
     spec = getattr(vllm_config, "speculative_config", None)
-    if spec is None or getattr(spec, "method", None) != "draft_model" or hub.tokenizer_status is not None:
+    if spec is None or getattr(spec, "method", None) != "draft_model" or hub.tokenizer is not None:
         return
     target = getattr(getattr(vllm_config, "model_config", None), "tokenizer", None)
     draft = getattr(getattr(spec, "draft_model_config", None), "tokenizer", None)

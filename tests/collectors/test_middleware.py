@@ -68,7 +68,7 @@ def completion(rid: str, text: str = "hello") -> bytes:
 
 def test_json_completion_is_recorded_and_joined_with_the_engine_record() -> None:
     hub = Hub()
-    hub.record_request("cmpl-1-0", e2e_s=0.5, generation_tokens=9)  # what the stat logger saw
+    hub.requests.record("cmpl-1-0", e2e_s=0.5, generation_tokens=9)  # what the stat logger saw
     body = completion("cmpl-1")
     mw = joining(app_sending([body[:20], body[20:]], b"application/json"), hub)
     sent = call(mw, "/v1/completions")
@@ -112,7 +112,7 @@ def test_errors_other_paths_and_garbage_are_passed_through_unrecorded() -> None:
 
 def test_snapshot_route_serves_json_without_calling_the_app() -> None:
     hub = Hub()
-    hub.record_request("r", e2e_s=1.0)
+    hub.requests.record("r", e2e_s=1.0)
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         raise AssertionError("the app must not see /specscope/snapshot")
@@ -168,7 +168,7 @@ def guarded_app() -> Any:
 
 def test_the_snapshot_honours_the_servers_api_key() -> None:
     hub = Hub()
-    hub.record_request("r", e2e_s=1.0)
+    hub.requests.record("r", e2e_s=1.0)
     mw = SpecscopeMiddleware(guarded_app(), hub=hub, argv=[])  # found in the app chain
     assert call(mw, "/specscope/snapshot", "GET")[0]["status"] == 401
     assert call(mw, "/specscope/snapshot", "GET", headers=[(b"authorization", b"Bearer nope")])[0]["status"] == 401
@@ -199,7 +199,7 @@ def test_the_snapshot_can_be_turned_off(monkeypatch: Any) -> None:
 def test_since_returns_only_records_final_after_the_cursor() -> None:
     hub = Hub()
     for i in range(30):
-        hub.record_request(f"r{i}", e2e_s=1.0)
+        hub.requests.record(f"r{i}", e2e_s=1.0)
     mw = SpecscopeMiddleware(app_sending([], b""), hub=hub, argv=[])
     everything = json.loads(body(call(mw, "/specscope/snapshot", "GET")))
     assert len(everything["requests"]) == 30 and "requests_since" not in everything
@@ -213,7 +213,7 @@ def test_the_event_loop_runs_between_pieces_of_a_large_snapshot() -> None:
     """1,000 records go out in pieces; a task on the same loop gets to run between them."""
     hub = Hub()
     for i in range(1000):
-        hub.record_request(f"r{i}", prompt_tokens=10, generation_tokens=20, e2e_s=1.0, spec_steps=5,
+        hub.requests.record(f"r{i}", prompt_tokens=10, generation_tokens=20, e2e_s=1.0, spec_steps=5,
                            draft_tokens=20, accepted_tokens=10, acceptance_histogram=(1, 1, 1, 1, 1))
     mw = SpecscopeMiddleware(app_sending([], b""), hub=hub, argv=[])
     ticks: list[int] = []

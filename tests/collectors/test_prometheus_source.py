@@ -213,7 +213,7 @@ def test_a_specscope_endpoint_is_a_replica_with_what_only_specscope_knows(tmp_pa
 
     storage_installed(storage)
     hub = filled_hub()
-    hub.set_tokenizer_status(TokenizerStatus("warning", ("2 added tokens",), overlap=0.98))
+    hub.tokenizer = TokenizerStatus("warning", ("2 added tokens",), overlap=0.98)
     endpoint = Endpoint(hub.snapshot, port=0)
     vllm = Exporter(FIXTURE)
     url, proc = start_prometheus({"specscope": endpoint.url.removeprefix("http://"), "vllm": vllm.target}, tmp_path,

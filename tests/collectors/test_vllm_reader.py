@@ -160,7 +160,7 @@ def test_steps_are_added_in_batches_that_readers_flush_and_a_bad_step_costs_only
     now[0] += 0.3
     sched.num_running_reqs = sched.num_waiting_reqs = 0
     logger.record(scheduler_stats=sched, iteration_stats=None)
-    assert not logger._pending and hub.has_request("req-1")
+    assert not logger._pending and hub.requests.has("req-1")
     assert hub.snapshot().requests[-1].finished_at == 1000.0  # when its step was reported, not when it was added
     assert hub.snapshot().for_engine(0).running == 0
 
@@ -223,7 +223,7 @@ def test_detailed_per_request_metrics_give_acceptance_by_output_position() -> No
     summary.observe(num_draft_tokens=4, num_accepted=2)
     assert vllm_reader.per_step_counts(summary) is None
     hub = Hub()
-    hub.record_draft_positions(*steps)
+    hub.requests.record_positions(*steps)
     pos = hub.snapshot().acceptance_by_output_position
     assert pos is not None
     # Drafts made at output positions 1, 6, 11 (bin 0-15: 12 of 12 accepted), then 16 and 17 (bin 16-31: 1 of 8).

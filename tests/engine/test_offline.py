@@ -173,8 +173,8 @@ def _faults_never_reach_the_engine(llm: Any, hub: Hub, baseline: list[list[int]]
         raise RuntimeError("exporter down")
 
     release = threading.Event()
-    hub.add_listener(bad_listener)
-    hub.add_listener(lambda rec: release.wait(30))
+    hub.requests.add_listener(bad_listener)
+    hub.requests.add_listener(lambda rec: release.wait(30))
     hub.add_gpu_source("gpu", lambda: 1 / 0)  # replaces the real NVML source
     monkeypatch.setattr(vllm_reader, "read_steps", flaky_read_steps)
 

@@ -39,7 +39,7 @@ def feed(hub: Hub, clock: Clock, requests: int, accepted_of_4: int, k: int = 4, 
                                       num_spec_tokens=k, drafts=1, draft_tokens=k, accepted=accepted_of_4,
                                       accepted_per_pos=per_pos, draft_tokens_per_pos=[1] * k))
         acc = accepted_of_4 if i % 7 else 0  # every seventh request accepts nothing: the worst rows
-        hub.record_request(f"req-{i:04d}", prompt_tokens=20 + i, generation_tokens=40, e2e_s=0.5 + i / 100,
+        hub.requests.record(f"req-{i:04d}", prompt_tokens=20 + i, generation_tokens=40, e2e_s=0.5 + i / 100,
                            ttft_s=0.05, finish_reason="length", num_spec_tokens=k, spec_steps=10,
                            draft_tokens=10 * k, accepted_tokens=10 * acc,
                            acceptance_histogram=tuple(10 if j == acc else 0 for j in range(k + 1)))

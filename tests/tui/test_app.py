@@ -183,7 +183,7 @@ def class_hub() -> Any:
     for i in range(12):
         good = i % 3 != 0  # 8 chat requests, 4 code
         acc = 3 if good else 1
-        hub.record_request(f"cls-{i}", traffic_class="chat" if good else "code", prompt_tokens=30,
+        hub.requests.record(f"cls-{i}", traffic_class="chat" if good else "code", prompt_tokens=30,
                            generation_tokens=40, e2e_s=0.5, spec_steps=10, draft_tokens=40, accepted_tokens=10 * acc,
                            acceptance_histogram=tuple(10 if j == acc else 0 for j in range(5)))
     return hub
@@ -240,7 +240,7 @@ def test_the_class_table_prices_each_class_and_counts_the_folded_names() -> None
     from specscope.tui.view import classes_panel
 
     hub = class_hub()
-    hub.set_cost_ratio(CostRatio(0.13, "estimated from parameters per token", 40_000_000, 5_000_000))
+    hub.cost_ratio = CostRatio(0.13, "estimated from parameters per token", 40_000_000, 5_000_000)
     title, header, *rows = classes_panel(replace(hub.snapshot(), folded_classes=3), 0.3).plain.splitlines()
     assert title == "TRAFFIC CLASSES (worst acceptance first, +3 classes folded into other; c to sort)"
     assert header.split()[:6] == ["class", "kind", "req", "share", "accept", "len"]

@@ -1,0 +1,135 @@
+"""The steps of each engine of a data-parallel server, kept apart: one :class:`EngineStream` per vLLM
+``engine_idx``, behind one lock (:class:`EngineStreams`), folded into a snapshot's sums and per-engine views."""
+
+from __future__ import annotations
+
+import threading
+from typing import NamedTuple
+
+from specscope.counts import Counts, Ring, StepBatch, StepTimer
+from specscope.model import EngineInfo, EngineView, KVCache, Totals
+
+#: Why the KV token estimate is withheld while requests share cached prefix blocks.
+SHARED_PREFIXES = ("not estimable while requests share prefix-cache blocks (vLLM counts a shared block once; "
+                   "requests' token counts cannot tell which blocks they share)")
+
+
+class StreamsView(NamedTuple):
+    """The streams at one moment: the engines' sums over their lifetime and the window, and each engine."""
+
+    lifetime: Totals
+    window: Totals
+    engines: tuple[EngineView, ...]
+
+
+class EngineStreams:
+    """One :class:`EngineStream` per data-parallel engine, made on its first step; thread-safe."""
+
+    def __init__(self, ring_size: int) -> None:
+        self._lock = threading.Lock()
+        self._streams: dict[int, EngineStream] = {}
+        self.ring_size = ring_size
+
+    def add(self, engine: int, steps: StepBatch) -> None:
+        """Add consecutive steps of ``engine``."""
+        with self._lock:
+            stream = self._streams.get(engine)
+            if stream is None:
+                stream = self._streams[engine] = EngineStream(self.ring_size)
+            stream.add_steps(steps)
+
+    def hold(self, seconds: float) -> None:
+        """Keep at least ``seconds`` of per-second counts; a longer ring starts empty (lifetimes are kept)."""
+        with self._lock:
+            if seconds >= self.ring_size:
+                self.ring_size = int(seconds) + 1
+                for stream in self._streams.values():
+                    stream.ring = stream.ring.resized(self.ring_size)
+
+    def clear(self) -> None:
+        """Forget every engine's window; lifetimes are kept."""
+        with self._lock:
+            for stream in self._streams.values():
+                stream.ring.clear()
+
+    def read(self, now: float, span: float, window_len: float, age: float, info: EngineInfo) -> StreamsView:
+        """The sums and engines: windows of the last ``span`` seconds up to ``now`` (rates over ``window_len``),
+        lifetimes over ``age`` seconds."""
+        k = info.num_speculative_tokens
+        life, window = Counts(), Counts()
+        engines = []
+        with self._lock:
+            for index, stream in sorted(self._streams.items()):
+                lifetime, w = stream.ring.lifetime(), stream.ring.sum(int(now), int(span))
+                life.add(lifetime)
+                window.add(w)
+                engines.append(stream.view(index, info, lifetime.totals(age, k), w.totals(window_len, k)))
+        return StreamsView(life.totals(age, k), window.totals(window_len, k), tuple(engines))
+
+
+class EngineStream:
+    """Everything one engine's steps say: lifetime and per-second counts, step timing, the gauges it reported last,
+    and the KV token estimate (tokens held by its live requests). Kept per engine of a data-parallel server, so
+    that no engine's gauges overwrite another's and step timing never spans two engines' reports."""
+
+    __slots__ = ("decode_batch", "kv_usage", "live_tokens", "ring", "running", "timer", "updated_at", "waiting")
+
+    def __init__(self, ring_size: int) -> None:
+        self.ring = Ring(ring_size)
+        self.timer = StepTimer()
+        self.running: int | None = None
+        self.waiting: int | None = None
+        self.kv_usage: float | None = None
+        self.live_tokens = 0
+        self.decode_batch: int | None = None
+        self.updated_at: float | None = None
+
+    def add_steps(self, steps: StepBatch) -> None:
+        """Add consecutive steps of this engine (the caller holds the lock); the steps of one second are added
+        to its bucket together."""
+        timings = self.timer.time(steps)
+        times = steps.times
+        seconds = list(map(int, times))
+        start, n = 0, len(seconds)
+        while start < n:
+            second = seconds[start]
+            end = start + 1
+            while end < n and seconds[end] == second:
+                end += 1
+            whole = start == 0 and end == n
+            self.ring.bucket(second).add_steps(steps if whole else steps.part(start, end),
+                                               timings if whole else timings[start:end])
+            start = end
+        last = next((t for t in reversed(timings) if t is not None and t[2]), None)
+        if last is not None:
+            self.decode_batch = last[0]
+        # The gauges as the last step that reported them; the KV estimate step by step.
+        kv = next((v for v in reversed(steps.kv_usage) if v is not None), None)
+        if kv is not None:
+            self.kv_usage = kv
+        last_report = next((i for i in range(n - 1, -1, -1) if steps.running[i] is not None), None)
+        if last_report is not None:
+            self.running, self.waiting = steps.running[last_report], steps.waiting[last_report]
+            self.updated_at = times[last_report]
+        live = self.live_tokens
+        for running, waiting, prompt, generated, finished in zip(
+                steps.running, steps.waiting, steps.prompt_tokens, steps.generation_tokens, steps.finished_tokens,
+                strict=True):
+            if running == 0 and not waiting:
+                live = 0  # this engine is idle: nothing can be held, whatever the estimate drifted to
+                continue
+            live += prompt + generated - finished
+            if live < 0:
+                live = 0
+        self.live_tokens = live
+
+    def view(self, index: int, info: EngineInfo, lifetime: Totals, window: Totals) -> EngineView:
+        """This engine in a snapshot, given its totals; with prefix-cache hits in the window the KV token estimate
+        is withheld, with why."""
+        shared = window.prefix_cache_hits > 0
+        kv = KVCache(block_size=info.block_size, num_blocks=info.num_blocks, block_usage=self.kv_usage,
+                     tokens_held=None if shared or self.kv_usage is None else self.live_tokens,
+                     not_estimable=SHARED_PREFIXES if shared else None)
+        return EngineView(index=index, lifetime=lifetime, window=window, running=self.running, waiting=self.waiting,
+                          kv=kv, decode_batch=window.step_times.busiest() or self.decode_batch,
+                          updated_at=self.updated_at)
