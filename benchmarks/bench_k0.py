@@ -101,7 +101,7 @@ def main() -> None:
                 est = estimate(hub.snapshot(), batch_size=b)
                 if est is not None:
                     predicted[n][b].append(est.k0_speedup)
-                    costs[n][b].append(est.cost_ratio)
+                    costs[n][b].append(est.c)
         print(f"round {r + 1}: " + "  ".join(f"{n} b{b} {v[b][-1]:.3f}" for n, v in ratios.items()
                                              for b in BATCHES), flush=True)
     saved = RESULTS / "k0.json"

@@ -229,8 +229,8 @@ def run_pair(name: str, models: dict[str, Path], rounds: int, measured_ks: tuple
                            "predicted": None if predicted is None else round(predicted, 3),
                            "predicted_first_run": None if first is None else round(first.expected_speedup, 3),
                            "model_on_measured_runs": raw["model_on_measured_runs"][b],
-                           "c_basis": None if first is None else first.cost_basis,
-                           "c": None if first is None else round(first.cost_ratio, 4),
+                           "c_basis": None if first is None else first.c_basis,
+                           "c": None if first is None else round(first.c, 4),
                            "c_from_configs": None if configs_c is None else round(configs_c, 4),
                            "tokens_per_step": None if first is None else round(first.tokens_per_step, 3),
                            "prefill_share": None if first is None or first.prefill_share is None

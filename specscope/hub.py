@@ -118,15 +118,15 @@ class Hub:
         self._share = share
 
     # ----------------------------------------------------------------- writers (engine path)
-    def record_step(self, s: StepStats, engine: int = 0) -> None:
-        """Add one step of the data-parallel engine ``engine`` (vLLM's ``engine_idx``; 0 without DP), now."""
-        self.record_steps(engine, StepBatch.of([(self._clock(), s)]))
+    def record_step(self, s: StepStats, engine_index: int = 0) -> None:
+        """Add one step of the data-parallel engine ``engine_index`` (vLLM's ``engine_idx``; 0 without DP), now."""
+        self.record_steps(engine_index, StepBatch.of([(self._clock(), s)]))
 
-    def record_steps(self, engine: int, steps: StepBatch) -> None:
-        """Add consecutive steps of ``engine``, each with the hub-clock time it was reported at."""
+    def record_steps(self, engine_index: int, steps: StepBatch) -> None:
+        """Add consecutive steps of one data-parallel engine, each with the hub-clock time it was reported at."""
         if not steps.times:
             return
-        self._streams.add(engine, steps)
+        self._streams.add(engine_index, steps)
         if self._engine.num_speculative_tokens is None:
             k = next((k for k in steps.num_spec_tokens if k is not None), None)
             if k is not None:

@@ -218,7 +218,7 @@ def _speedup_by_k(snap: Snapshot) -> Callable[[Any], None]:
         for est in estimates:
             line = ax.plot(range(len(est.by_k)), est.by_k, "o-", ms=3,
                            label=f"{f'batch {est.batch_size}' if est.batch_size else 'no step times'} "
-                                 f"(c {est.cost_ratio:.2f}, {est.cost_basis})")
+                                 f"(c {est.c:.2f}, {est.c_basis})")
             ax.plot([est.k], [est.expected_speedup], "s", ms=9, color=line[0].get_color(), mfc="none")
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks(range(0, acc.K_MAX + 1, 2))

@@ -30,12 +30,12 @@ class EngineStreams:
         self._streams: dict[int, EngineStream] = {}
         self.ring_size = ring_size
 
-    def add(self, engine: int, steps: StepBatch) -> None:
-        """Add consecutive steps of ``engine``."""
+    def add(self, index: int, steps: StepBatch) -> None:
+        """Add consecutive steps of the engine ``index``."""
         with self._lock:
-            stream = self._streams.get(engine)
+            stream = self._streams.get(index)
             if stream is None:
-                stream = self._streams[engine] = EngineStream(self.ring_size)
+                stream = self._streams[index] = EngineStream(self.ring_size)
             stream.add_steps(steps)
 
     def hold(self, seconds: float) -> None:

@@ -39,9 +39,9 @@ def dp_hub(clock: Clock) -> Hub:
                               num_blocks=101))
     for _ in range(50):
         clock.t += 0.01
-        hub.record_step(step(4, 0.5, 3, dt=0.03), engine=0)
+        hub.record_step(step(4, 0.5, 3, dt=0.03), engine_index=0)
         clock.t += 0.01
-        hub.record_step(step(1, 0.1, 0, dt=0.015, prompt_tokens=0), engine=1)
+        hub.record_step(step(1, 0.1, 0, dt=0.015, prompt_tokens=0), engine_index=1)
     return hub
 
 
@@ -68,8 +68,9 @@ def test_one_idle_engine_does_not_zero_the_others_kv_estimate() -> None:
     clock = Clock()
     hub = Hub(clock=clock)
     hub.set_engine(EngineInfo(block_size=16, num_blocks=11))
-    hub.record_step(StepStats(running=2, waiting=0, kv_usage=0.5, prompt_tokens=40, generation_tokens=2), engine=0)
-    hub.record_step(StepStats(running=0, waiting=0, kv_usage=0.0), engine=1)  # engine 1 idles
+    hub.record_step(StepStats(running=2, waiting=0, kv_usage=0.5, prompt_tokens=40, generation_tokens=2),
+                    engine_index=0)
+    hub.record_step(StepStats(running=0, waiting=0, kv_usage=0.0), engine_index=1)  # engine 1 idles
     zero, one = hub.snapshot().engines
     assert zero.kv.tokens_held == 42 and one.kv.tokens_held == 0
 
@@ -99,10 +100,10 @@ def test_merge_adds_counts_and_takes_each_engines_freshest_gauges() -> None:
     for hub in (a, b):
         hub.set_engine(EngineInfo(model="m", method="draft_model", num_speculative_tokens=4, block_size=16,
                                   num_blocks=101))
-    a.record_step(step(3, 0.4, 2), engine=0)  # this process heard from engine 0 first ...
+    a.record_step(step(3, 0.4, 2), engine_index=0)  # this process heard from engine 0 first ...
     a.requests.record("r-a", e2e_s=1.0, draft_tokens=8, accepted_tokens=4, spec_steps=2)
     clock.t += 5
-    b.record_step(step(1, 0.2, 4), engine=0)  # ... the other one later
+    b.record_step(step(1, 0.2, 4), engine_index=0)  # ... the other one later
     b.requests.record("r-b", e2e_s=2.0, draft_tokens=4, accepted_tokens=4, spec_steps=1)
     merged = merge([a.local_snapshot(), b.local_snapshot()])
     assert merged.lifetime.spec.accepted == 3 * 2 + 1 * 4  # type: ignore[union-attr]
@@ -118,8 +119,8 @@ def test_api_server_processes_share_one_view_and_one_exporter(tmp_path: Path) ->
     from specscope.share import ProcessShare
 
     a, b = Hub(), Hub()
-    a.record_step(step(2, 0.3, 1), engine=0)
-    b.record_step(step(2, 0.3, 3), engine=0)
+    a.record_step(step(2, 0.3, 1), engine_index=0)
+    b.record_step(step(2, 0.3, 3), engine_index=0)
     share_a, share_b = ProcessShare(a, 0, tmp_path, 0.05), ProcessShare(b, 1, tmp_path, 0.05)
     a.attach_share(share_a)
     b.attach_share(share_b)
@@ -148,7 +149,7 @@ def test_an_engine_diverging_from_its_peers_fires_once_naming_it(accepted: tuple
     for _ in range(60):
         for engine, a in enumerate(accepted):
             clock.t += 0.01
-            hub.record_step(step(2, 0.3, a), engine=engine)
+            hub.record_step(step(2, 0.3, a), engine_index=engine)
     ev = Evaluator(hub, rules=[BY_RULE["SpecscopeEngineDiverging"]],
                    thresholds=Thresholds(divergence_for_s=0, weak_draft_min_draft_tokens=100))
     fired = ev.evaluate()

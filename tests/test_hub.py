@@ -69,7 +69,7 @@ def test_lifetime_counts_every_step_once_past_the_kept_history() -> None:
     hub = Hub(window_s=2, history_s=3, clock=clock)
     for i in range(40):
         hub.record_step(spec_step(1, [i % 5], generation_tokens=1))
-        hub.record_step(spec_step(1, [1], generation_tokens=1), engine=1)
+        hub.record_step(spec_step(1, [1], generation_tokens=1), engine_index=1)
         steps = i + 1
         clock.t += (0.4, 0.7, -0.5, 1.3)[i % 4]  # several steps a second, a clock step back, a skipped second
         if i == 17:

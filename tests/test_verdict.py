@@ -208,15 +208,15 @@ def test_a_baseline_slower_than_the_speculative_steps_is_not_taken_as_free_specu
     hub.set_baseline(StepProfile((StepTime(1, 50, 0.0036), StepTime(16, 50, 0.040)), "slow day", SETUP))
     snap = hub.snapshot()
     sixteen, one = estimate(snap, batch_size=16), estimate(snap, batch_size=1)
-    assert sixteen is not None and not sixteen.measured and sixteen.cost_ratio == 1.0
-    assert sixteen.cost_basis == "parameter counts"
-    assert one is not None and one.measured and one.cost_ratio == pytest.approx((0.008 / 0.0036 - 1) / 4)
+    assert sixteen is not None and not sixteen.measured and sixteen.c == 1.0
+    assert sixteen.c_basis == "parameter counts"
+    assert one is not None and one.measured and one.c == pytest.approx((0.008 / 0.0036 - 1) / 4)
 
 
 def test_measured_estimate_uses_observed_tokens_and_step_times_by_batch_size(tmp_path: Path) -> None:
     clock = Clock()
     hub = speculative_hub(clock)
-    assert estimate(hub.snapshot()).cost_basis == "parameter counts"  # type: ignore[union-attr]  # no baseline
+    assert estimate(hub.snapshot()).c_basis == "parameter counts"  # type: ignore[union-attr]  # no baseline
     loaded = with_baseline(hub, tmp_path)
     assert loaded.setup == SETUP and loaded.source == "baseline b.json of /m/target"
     snap = hub.snapshot()
@@ -225,7 +225,7 @@ def test_measured_estimate_uses_observed_tokens_and_step_times_by_batch_size(tmp
     assert one.tokens_observed and one.tokens_per_step == pytest.approx(tokens)
     decode_1 = tokens * 0.0036 / 0.008
     assert one.decode_speedup == pytest.approx(decode_1)
-    assert one.cost_ratio == pytest.approx((0.008 / 0.0036 - 1) / 4) and one.measured
+    assert one.c == pytest.approx((0.008 / 0.0036 - 1) / 4) and one.measured
     # At batch 1 a request's prefill took 4 ms and its decode 30 steps of 8 ms: rho = prefill / decode time. The
     # draft (as large as the target: c 1.0 from parameters) did half that prefill, which a plain engine would not.
     rho = 0.004 / (30 * 0.008)
@@ -297,12 +297,12 @@ def test_model_free_methods_get_a_verify_cost_never_zero() -> None:
     hub.set_engine(EngineInfo(num_speculative_tokens=4, method="ngram"))
     steps(hub, clock, 1, 0.010, 30, accepted=0)
     one = estimate(hub.snapshot())
-    assert one is not None and one.cost_ratio == ASSUMED_VERIFY_COST and one.cost_basis == "assumed"
+    assert one is not None and one.c == ASSUMED_VERIFY_COST and one.c_basis == "assumed"
     assert one.best_k == 0 and not one.pays  # nothing accepted: verification is pure cost
     steps(hub, clock, 8, 0.030, 30, accepted=0)  # two batch sizes: the step times can be fitted
     eight = estimate(hub.snapshot())
-    assert eight is not None and eight.cost_basis == "verify model" and 0 < eight.cost_ratio < 1
-    assert "fitted over 2 batch sizes" in eight.cost_ratio_source
+    assert eight is not None and eight.c_basis == "verify model" and 0 < eight.c < 1
+    assert "fitted over 2 batch sizes" in eight.c_source
 
 
 def test_observed_tokens_per_step_beat_the_alpha_model_at_the_running_k() -> None:

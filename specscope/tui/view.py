@@ -159,7 +159,7 @@ def spec_panel(snap: Snapshot | None, threshold: float, history: list[float] | N
                  else f"; best K={est.best_k} ({est.best_speedup:.2f}x)\n")
         if not compact:
             tokens = "observed" if est.tokens_observed else "modelled"
-            t.append(f"c {est.cost_ratio:.2f} {est.cost_basis}  {est.tokens_per_step:.2f} tok/step {tokens}  "
+            t.append(f"c {est.c:.2f} {est.c_basis}  {est.tokens_per_step:.2f} tok/step {tokens}  "
                      f"prefill {percent(est.prefill_share)}\n")
             if snap.baseline_problem:
                 t.append(f"baseline refused: {snap.baseline_problem}\n")

@@ -29,10 +29,11 @@ class SpeedupEstimate:
 
     alpha: float
     k: int
-    cost_ratio: float
+    #: c, the draft/target step-cost ratio this estimate used (``snapshot.cost_ratio`` is the configs' or given one).
+    c: float
     #: "measured", "parameter counts", "verify model" or "assumed"
-    cost_basis: str
-    cost_ratio_source: str
+    c_basis: str
+    c_source: str
     #: Tokens a request gains per decode step at the running K, and whether that was observed or modelled.
     tokens_per_step: float
     tokens_observed: bool
@@ -84,7 +85,7 @@ class SpeedupEstimate:
     @property
     def measured(self) -> bool:
         """True when c comes from live step times against a baseline."""
-        return self.cost_basis == "measured"
+        return self.c_basis == "measured"
 
     def explain(self) -> str:
         """One paragraph a person can act on."""
@@ -103,7 +104,7 @@ class SpeedupEstimate:
             advice = f"K={self.best_k} would give {self.best_speedup:.2f}x"
         return (f"speculation {verdict}: expected speedup {self.expected_speedup:.2f}x at K={self.k}{at} "
                 f"(decode {self.decode_speedup:.2f}x{prefill}; {tokens}; alpha {self.alpha:.2f}; "
-                f"c {self.cost_ratio:.2f}, {self.cost_ratio_source}); {advice}{self.caveat}")
+                f"c {self.c:.2f}, {self.c_source}); {advice}{self.caveat}")
 
 
 def _observed_tokens(snap: Snapshot, k: int) -> float | None:
@@ -201,8 +202,8 @@ def _estimate(snap: Snapshot, cost: CostRatio | None, batch_size: int | None) ->
     by_k = (1.0, *(acc.end_to_end(s, decode_now, rho or 0.0, draft_prefill) for s in decode[1:]))
     k0, k0_basis = k0_decode(snap, cost)
     return SpeedupEstimate(
-        alpha=a, k=k, cost_ratio=cost.value, cost_basis=_basis(cost, measured is not None),
-        cost_ratio_source=cost.source, tokens_per_step=tokens, tokens_observed=observed is not None,
+        alpha=a, k=k, c=cost.value, c_basis=_basis(cost, measured is not None),
+        c_source=cost.source, tokens_per_step=tokens, tokens_observed=observed is not None,
         decode_speedup=decode_now, prefill_share=None if rho is None else rho / (1.0 + rho), by_k=by_k,
         batch_size=batch if measured is not None or observed is not None else None,
         k0_speedup=acc.end_to_end(k0, decode_now, rho or 0.0, draft_prefill), k0_basis=k0_basis,
@@ -239,7 +240,7 @@ def class_speedup(snap: Snapshot, cls: TrafficClass, est: SpeedupEstimate | None
         return None
     share = est.prefill_share or 0.0
     rho = share / (1.0 - share) if share < 1.0 else 0.0
-    decode = length / (est.k * est.cost_ratio + 1.0)
+    decode = length / (est.k * est.c + 1.0)
     return acc.end_to_end(decode, est.decode_speedup, rho, _draft_prefill(snap))
 
 

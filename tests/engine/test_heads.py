@@ -113,15 +113,15 @@ def test_the_verdict_measured_against_a_baseline_and_from_configs(pair: tuple[An
     configs = estimate(predicting.snapshot(), batch_size=1)
     predicting.set_baseline(merge_profiles(baselines))
     measured_est = estimate(predicting.snapshot(), batch_size=1)
-    assert configs is not None and configs.cost_basis == "parameter counts"
+    assert configs is not None and configs.c_basis == "parameter counts"
     assert measured_est is not None and measured_est.measured
     measured = statistics.median(ratios)
     method = head.snapshot().engine.method
     print(f"{method} batch 1: measured {measured:.2f}x; predicted {measured_est.expected_speedup:.2f}x with c "
-          f"{measured_est.cost_ratio:.3f} measured, {configs.expected_speedup:.2f}x with c {configs.cost_ratio:.3f} "
-          f"from configs (ratio {configs.cost_ratio / measured_est.cost_ratio:.2f})")
+          f"{measured_est.c:.3f} measured, {configs.expected_speedup:.2f}x with c {configs.c:.3f} "
+          f"from configs (ratio {configs.c / measured_est.c:.2f})")
     assert measured > 1.3 and measured_est.pays and configs.pays  # it pays, and specscope says so either way
     assert measured_est.expected_speedup == pytest.approx(measured, rel=0.15)
-    assert 0 < measured_est.cost_ratio < 1 and 0 < configs.cost_ratio < 1
+    assert 0 < measured_est.c < 1 and 0 < configs.c < 1
     # A K = 0 range would still run the head's pass each step: priced below plain.
     assert measured_est.k0_speedup < 1.0

@@ -233,15 +233,15 @@ def test_ngram_gets_a_finite_k_and_drafting_more_stops_paying(plain: Any) -> Non
         run(llm, [[p] for p in PROMPTS[:2]])
         run(llm, [PROMPTS[8:16]])
         unmeasured = estimate(llm.snapshot(), batch_size=8)
-        assert unmeasured is not None and unmeasured.cost_basis in ("verify model", "assumed")
-        assert unmeasured.cost_ratio > 0 and unmeasured.best_k < 16
+        assert unmeasured is not None and unmeasured.c_basis in ("verify model", "assumed")
+        assert unmeasured.c > 0 and unmeasured.best_k < 16
         # Against the plain engine timed now (at batch 8 n-gram's c is a few hundredths: drift since the module's
         # baseline could outweigh it): measured where the speculative steps are the slower, else the verify model
         # — c > 0 either way.
         llm.specscope.set_baseline(measure_step_times(plain, (8,), tokens=48, rounds=1))
         est = estimate(llm.snapshot(), batch_size=8)
-        assert est is not None and est.cost_ratio > 0 and est.best_k < 16
-        assert est.cost_basis in ("measured", "verify model"), est.cost_basis
+        assert est is not None and est.c > 0 and est.best_k < 16
+        assert est.c_basis in ("measured", "verify model"), est.c_basis
         spec = llm.snapshot().window.spec
         print(f"n-gram: acceptance {spec.acceptance_rate}, {est.explain()}")  # type: ignore[union-attr]
         # Verification costs something, so drafting more stops paying: with c = 0 every K paid and K=16 won. (Whether
