@@ -231,7 +231,7 @@ def test_dashboard_sources_read_the_real_server(server: tuple[str, int]) -> None
     """--vllm parses the real /metrics page; --url reads the plugin's endpoint and the middleware's snapshot (with
     the API key); `specscope top --once --json` returns the engine's own acceptance counters."""
     from specscope.collectors.promtext import parse
-    from specscope.collectors.scrape import EndpointSource, vllm_source
+    from specscope.collectors.scrape import NO_PLUGIN, EndpointSource, vllm_source
 
     server_url, specscope_port = server
     body = {"model": httpx.get(f"{server_url}/v1/models", headers=AUTH, timeout=10).json()["data"][0]["id"],
@@ -249,6 +249,7 @@ def test_dashboard_sources_read_the_real_server(server: tuple[str, int]) -> None
     assert vsnap.lifetime.spec.draft_tokens == c["vllm:spec_decode_num_draft_tokens_total"]
     assert vsnap.lifetime.spec.accepted == c["vllm:spec_decode_num_accepted_tokens_total"]
     assert vsnap.lifetime.spec.num_spec_tokens == 4 and "requests" in vsnap.unavailable
+    assert NO_PLUGIN not in vsnap.unavailable  # the middleware answers its path (401 without the key)
     for url, headers in ((f"http://127.0.0.1:{specscope_port}", {}), (f"{server_url}/specscope", AUTH)):
         snap = EndpointSource(url, headers=headers).fetch()
         assert snap.lifetime.spec is not None and snap.lifetime.spec.accepted == vsnap.lifetime.spec.accepted
