@@ -75,7 +75,7 @@ def instrument(engine: Any, hub: Hub | None = None, *, keep_vllm_loggers: bool |
             "(specscope.LLM and specscope.AsyncLLM do this for you)"
         )
     others = [lg for lg in manager.stat_loggers if not isinstance(lg, SpecscopeStatLogger)]
-    ours = [lg for lg in manager.stat_loggers if isinstance(lg, SpecscopeStatLogger) and lg.target is hub]
+    ours = [lg for lg in manager.stat_loggers if isinstance(lg, SpecscopeStatLogger) and lg.hub is hub]
     stat_logger = ours[0] if ours else SpecscopeStatLogger.bound_to(hub)(target.vllm_config, manager.engine_indexes)
     removed = [] if keep_vllm_loggers else others
     manager.stat_loggers[:] = [*(others if keep_vllm_loggers else []), stat_logger]

@@ -48,28 +48,28 @@ class _Kept(NamedTuple):
 class SpecscopeStatLogger(AggregateStatLoggerBase):
     """Feeds every engine step and every finished request into a :class:`~specscope.hub.Hub`."""
 
-    #: The hub written to; subclasses made by :meth:`bound_to` set it, the plugin uses the default hub.
-    hub: Hub | None = None
+    #: The hub subclasses made by :meth:`bound_to` write to; None (the plugin): the process's default hub.
+    bound_hub: Hub | None = None
 
     def __init__(self, vllm_config: Any, engine_indexes: list[int] | None = None) -> None:
-        self.target: Hub = type(self).hub or default_hub()
+        self.hub: Hub = type(self).bound_hub or default_hub()
         self.vllm_config = vllm_config
-        self._clock = self.target.clock
+        self._clock = self.hub.clock
         self._pending: deque[_Kept] = deque()
         self._flushing = threading.Lock()
-        self.target.add_pending_source(self.flush)
+        self.hub.add_pending_source(self.flush)
         self.engine_indexes = list(engine_indexes or [0])
         self._hook_failures = vllm_hook.failures
         if vllm_hook.install():
-            self.target.requests.expect_parts(1)  # the engine's own records are complete
+            self.hub.requests.expect_parts(1)  # the engine's own records are complete
         try:
-            self.target.set_engine(vllm_reader.engine_info(vllm_config))
-            self.target.cost_ratio = vllm_reader.cost_ratio(vllm_config)
+            self.hub.set_engine(vllm_reader.engine_info(vllm_config))
+            self.hub.cost_ratio = vllm_reader.cost_ratio(vllm_config)
             baseline = os.environ.get("SPECSCOPE_BASELINE")
-            if baseline and type(self).hub is None:
+            if baseline and type(self).bound_hub is None:
                 from specscope.verdict import load_profile
 
-                self.target.set_baseline(load_profile(baseline))
+                self.hub.set_baseline(load_profile(baseline))
             obs = getattr(vllm_config, "observability_config", None)
             if (
                 getattr(vllm_config, "speculative_config", None) is not None
@@ -80,20 +80,20 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
                     "--per-request-spec-decode-metrics summary to record it"
                 )
         except Exception as exc:
-            self.target.health.count_error("stat logger init", exc)
+            self.hub.health.count_error("stat logger init", exc)
         _check_version_once()
-        _check_tokenizers_in_background(self.target, vllm_config)
-        if type(self).hub is None:  # the vllm serve plugin: what specscope.LLM does for itself
+        _check_tokenizers_in_background(self.hub, vllm_config)
+        if type(self).bound_hub is None:  # the vllm serve plugin: what specscope.LLM does for itself
             from specscope.collectors import gpu_source
 
-            gpu_source.attach(self.target)
-            _share_once(self.target, vllm_config)
-            _start_exports_once(self.target)
+            gpu_source.attach(self.hub)
+            _share_once(self.hub, vllm_config)
+            _start_exports_once(self.hub)
 
     @classmethod
     def bound_to(cls, hub: Hub) -> type[SpecscopeStatLogger]:
         """A subclass writing to ``hub``, usable as a vLLM ``stat_loggers`` factory."""
-        return type(cls.__name__, (cls,), {"hub": hub})
+        return type(cls.__name__, (cls,), {"bound_hub": hub})
 
     def record(
         self,
@@ -121,7 +121,7 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
                                                              or getattr(scheduler_stats, "num_waiting_reqs", 1)))):
                 self.flush()
         except Exception as exc:
-            self.target.health.count_error("stat logger step", exc)
+            self.hub.health.count_error("stat logger step", exc)
 
     def flush(self) -> None:
         """Add the steps recorded so far to the hub (from vLLM's thread or a reader's; one at a time)."""
@@ -132,7 +132,7 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
                 self._add(rows)
 
     def _add(self, rows: list[_Kept]) -> None:
-        hub = self.target
+        hub = self.hub
         # The finished requests' parts first: adding the steps releases the records whose other part is overdue
         # at the batch's last step, and these parts are not overdue.
         try:
@@ -174,16 +174,16 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
                     vllm_reader.read_steps([row.time], [row.scheduler], [row.iteration])
                     readable.append(row)
                 except Exception as exc:
-                    self.target.health.count_error("stat logger step", exc)
+                    self.hub.health.count_error("stat logger step", exc)
             return vllm_reader.read_steps([r.time for r in readable], [r.scheduler for r in readable],
                                           [r.iteration for r in readable], missing)
 
     def log_engine_initialized(self) -> None:
         """Re-read the configuration: the KV block count is known once the engine is up."""
         try:
-            self.target.set_engine(vllm_reader.engine_info(self.vllm_config))
+            self.hub.set_engine(vllm_reader.engine_info(self.vllm_config))
         except Exception as exc:
-            self.target.health.count_error("stat logger init", exc)
+            self.hub.health.count_error("stat logger init", exc)
 
 
 def _check_version_once() -> None:
