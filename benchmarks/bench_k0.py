@@ -33,7 +33,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from benchmarks._common import RESULTS, write
 from specscope import tiny_models
-from specscope.wrapper import measure_step_times, steady_throughput
+from specscope.measure import measure_step_times, steady_throughput
 
 BATCHES = (1, 4, 16)
 TOKENS = 96

@@ -53,7 +53,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from benchmarks._common import RESULTS, write
 from specscope import tiny_models
-from specscope.wrapper import measure_step_times, steady_throughput
+from specscope.measure import measure_step_times, steady_throughput
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ WINDOW_S = 5.0
 
 
 def steady(llm: Any, batch: int, prompts: list[str]) -> float:
-    """Output tokens/s with the batch held full for :data:`WINDOW_S` (``specscope.wrapper.steady_throughput``):
+    """Output tokens/s with the batch held full for :data:`WINDOW_S` (``specscope.measure.steady_throughput``):
     every engine, run and round of a pair takes its prompts in the same order."""
     return steady_throughput(llm, batch, WINDOW_S, prompts, TOKENS)
 

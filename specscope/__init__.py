@@ -30,12 +30,13 @@ __all__ = [
 _LAZY = {"LLM", "AsyncLLM", "instrument", "uninstrument"}
 
 if TYPE_CHECKING:
-    from specscope.wrapper import LLM, AsyncLLM, instrument, uninstrument
+    from specscope.collectors.vllm_engine import instrument, uninstrument
+    from specscope.wrapper import LLM, AsyncLLM
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        from specscope import wrapper
+        from specscope import wrapper  # LLM and AsyncLLM; instrument and uninstrument from collectors.vllm_engine
 
         return getattr(wrapper, name)
     raise AttributeError(f"module 'specscope' has no attribute {name!r}")

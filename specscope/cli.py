@@ -165,7 +165,8 @@ def _calibrate(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     from specscope.evaluate import InputError, load_prompts, prepare
-    from specscope.wrapper import LLM, measure_step_times
+    from specscope.measure import measure_step_times
+    from specscope.wrapper import LLM
 
     try:
         prompts = load_prompts(args.prompts)[0] if args.prompts else None

@@ -96,7 +96,7 @@ class Demo:
 
     def _tok_s(self, llm: Any, batch: int, seconds: float = 6.0) -> float:
         """Throughput with ``batch`` requests held in flight (each finished one replaced), as a server runs."""
-        from specscope.wrapper import steady_throughput
+        from specscope.measure import steady_throughput
 
         return steady_throughput(llm, batch, seconds, self.prompts, TOKENS)
 
@@ -105,7 +105,7 @@ class Demo:
         llm.llm_engine.engine_core.shutdown()
 
     def baseline(self) -> tuple[Any, StepProfile]:
-        from specscope.wrapper import measure_step_times
+        from specscope.measure import measure_step_times
 
         name = SCENARIOS[1]
         self.show(name)
@@ -163,7 +163,7 @@ class Demo:
         specscope.instrument(llm, self.hubs[name])
         self.say(f"5/5 traffic classes: {len(easy)} 'easy' requests the draft follows, {len(hard)} 'hard' ones it "
                  "does not; engine-wide acceptance stays above 30%, the hard class's alert fires")
-        from specscope.wrapper import steady_throughput
+        from specscope.measure import steady_throughput
 
         # Both classes in every batch, as a server's queue mixes them (taken in this order, each finished request
         # replaced by the next).

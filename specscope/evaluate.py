@@ -1,7 +1,7 @@
 """``specscope evaluate``: which draft, and which K, measured before deploying.
 
 Each candidate (a draft model, or n-gram lookup) runs at each K beside the target without speculation: the two
-engines take the same prompts with the batch held full at each batch size (:func:`~specscope.wrapper.
+engines take the same prompts with the batch held full at each batch size (:func:`~specscope.measure.
 steady_throughput`: greedy, each request's ``max_tokens`` generated), alternating which goes first, and the speedup
 at a batch size is the median of the rounds' ratios, with their spread. One speculative engine is alive at a time
 beside the plain one. For each candidate: the tokenizer verdict (a mismatch is refused unless forced), acceptance
@@ -449,7 +449,7 @@ class Runner:
         """Rounds of plain and speculative throughput at each batch size (which goes first alternating); returns
         the hub that recorded the speculative engine's measured runs."""
         import specscope
-        from specscope.wrapper import steady_throughput
+        from specscope.measure import steady_throughput
 
         self._warm(spec, work, sizes)
         hub = specscope.Hub(window_s=3600, max_requests=100_000)
@@ -472,9 +472,9 @@ class Runner:
     def _predict(self, cand: Candidate, run: KRun, hub: Any, sizes: Sequence[int]) -> None:
         """specscope's estimate of the run against the plain engine's step times measured now; acceptance by
         position and class; the draft's KV cost."""
+        from specscope.measure import measure_step_times
         from specscope.memory import draft_kv_cost
         from specscope.verdict import estimate
-        from specscope.wrapper import measure_step_times
 
         t0 = time.monotonic()
         hub.set_baseline(measure_step_times(self.plain, sizes, tokens=64, rounds=1))

@@ -59,6 +59,7 @@ class VllmSpecDecodeInstrumentor(BaseInstrumentor):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         from specscope import wrapper
+        from specscope.collectors import vllm_engine
         from specscope.hub import default_hub
         from specscope.otel_export import OtelExporter
 
@@ -76,30 +77,30 @@ class VllmSpecDecodeInstrumentor(BaseInstrumentor):
         def llm_init_recorded(llm: Any, *args: Any, **kw: Any) -> None:
             if isinstance(llm, wrapper.LLM):  # records into its own hub
                 return llm_init(llm, *args, **kw)
-            keep = wrapper.prepare_llm_kwargs(kw)
+            keep = vllm_engine.prepare_llm_kwargs(kw)
             llm_init(llm, *args, **kw)
-            _attach(lambda: wrapper.instrument(llm, hub, keep_vllm_loggers=keep), llm, engines, hub)
+            _attach(lambda: vllm_engine.instrument(llm, hub, keep_vllm_loggers=keep), llm, engines, hub)
             return None
 
         @functools.wraps(async_init)
         def async_init_recorded(engine: Any, vllm_config: Any, *args: Any, **kw: Any) -> None:
             if isinstance(engine, wrapper.AsyncLLM):
                 return async_init(engine, vllm_config, *args, **kw)
-            wrapper.prepare_async_llm(vllm_config, kw, hub)
+            vllm_engine.prepare_async_llm(vllm_config, kw, hub)
             async_init(engine, vllm_config, *args, **kw)
-            _attach(lambda: wrapper.instrument(engine, hub), engine, engines, hub)
+            _attach(lambda: vllm_engine.instrument(engine, hub), engine, engines, hub)
             return None
 
         setattr(vllm.LLM, "__init__", llm_init_recorded)  # noqa: B010 (mypy refuses assigning to __init__)
         setattr(AsyncLLM, "__init__", async_init_recorded)  # noqa: B010
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        from specscope import wrapper
+        from specscope.collectors.vllm_engine import uninstrument
 
         for cls, init in self._originals:
             setattr(cls, "__init__", init)  # noqa: B010
         for engine in list(self._engines):
-            wrapper.uninstrument(engine)
+            uninstrument(engine)
         vllm_hook.uninstall()
         self._exporter.shutdown()
 

@@ -44,7 +44,7 @@ def test_a_baseline_of_long_prompts_times_slower_steps_than_one_of_short_prompts
     """A decode step attends over the whole context: calibrated on short prompts, the baseline is too fast for a
     workload of long ones (and c comes out too high), which is why calibrate takes the workload's prompts."""
     import specscope
-    from specscope.wrapper import measure_step_times
+    from specscope.measure import measure_step_times
 
     engines.close()
     llm = specscope.LLM(str(tiny["deep01-target"]), specscope_hub=specscope.Hub(),

@@ -93,8 +93,8 @@ def test_the_verdict_measured_against_a_baseline_and_from_configs(pair: tuple[An
     measured one predicts the measured speedup at batch 1, and their ratio is what an operator without a
     baseline would be off by on this CPU."""
     import specscope
+    from specscope.measure import measure_step_times
     from specscope.verdict import estimate
-    from specscope.wrapper import measure_step_times
 
     plain, head = pair
     work = [[p] for p in PROMPTS[16:19]]

@@ -49,7 +49,7 @@ def plain(tiny: dict[str, Path], engines: Any) -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def baseline(plain: Any) -> StepProfile:
-    from specscope.wrapper import measure_step_times
+    from specscope.measure import measure_step_times
 
     return measure_step_times(plain, (1, 8), tokens=64, rounds=1)
 
@@ -65,8 +65,8 @@ def speculative(tiny: dict[str, Path], family: str, k: int, baseline: StepProfil
 def test_the_paying_pair_is_predicted_and_measured_to_pay_at_batch_1(tiny: dict[str, Path], plain: Any,
                                                                       baseline: StepProfile) -> None:
     import specscope
+    from specscope.measure import measure_step_times
     from specscope.verdict import estimate, k_schedule, k_table, merge_profiles, schedule_config
-    from specscope.wrapper import measure_step_times
 
     spec = speculative(tiny, "deep01", 4, None)
     try:
@@ -153,8 +153,8 @@ def test_the_recommended_schedule_followed_as_vllm_takes_it_measures_what_was_pr
     takes it, runs at the speedup the K table promised at each batch size; and a K=0 range runs at its priced
     speed, below plain (the draft still runs a pass a step), not at the plain engine's."""
     import specscope
+    from specscope.measure import steady_throughput
     from specscope.verdict import k_table, recommended_config
-    from specscope.wrapper import steady_throughput
 
     def steady(llm: Any, b: int) -> float:
         return steady_throughput(llm, b, 3.0, PROMPTS, 64)
@@ -223,8 +223,8 @@ def test_prompts_longer_than_the_prefill_chunk_are_not_timed_as_decode(tiny: dic
 def test_ngram_gets_a_finite_k_and_drafting_more_stops_paying(plain: Any) -> None:
     """n-gram lookup runs no model, but verifying K+1 tokens per request costs a step more: c is never 0."""
     import specscope
+    from specscope.measure import measure_step_times
     from specscope.verdict import estimate
-    from specscope.wrapper import measure_step_times
 
     llm = specscope.LLM(plain.llm_engine.vllm_config.model_config.model, specscope_hub=Hub(), **DEEP,
                         speculative_config={"method": "ngram", "num_speculative_tokens": 4,
