@@ -21,15 +21,16 @@ between small prompt sets). Batches are held full because that is the speedup at
 that drains would end on partial batches, and only under speculation (its requests finish at different steps).
 
 Also: the prediction for every K made from the K=4 engine's short run alone (what ``specscope top`` shows an
-operator running K=4), and whether the K it recommends at each batch size measures within 5% of the best K
-measured (K = 0, speculation off, included). Pairs: the deep family (f = 0.01 and 0.03; speculation pays on a
-CPU), the tiny family's copy and 10%-noise drafts (same-size drafts: c ≈ 1), the deep01 target with its EAGLE-3
-head (method ``eagle3``), and n-gram lookup on the deep01 target with prompts it can look up (each prompt followed
-by the target's own greedy continuation and the prompt again, as retrieval-augmented prompts quote the answer)
-and with the plain prompts. For each cell the c the estimate used and c from the configs are kept, so the ratio
-tells operators without a baseline how far the config estimate is off.
+operator running K=4), and whether the K it recommends at each batch size measures within 5% of the best K measured
+(K = 0, speculation off, included). Pairs: the deep family (f = 0.01 and 0.03; speculation pays on a CPU), the tiny
+family's copy and 10%-noise drafts (same-size drafts: c ≈ 1), the deep01 target with its EAGLE-3 head (method
+``eagle3``), and n-gram lookup on the deep01 target with prompts it can look up (each prompt followed by the
+target's own greedy continuation and the prompt again, as retrieval-augmented prompts quote the answer) and with the
+plain prompts; and the deep01 target as a MiMo model with its MTP layer (method ``mtp``). For each cell the c the
+estimate used and c from the configs are kept, so the ratio tells operators without a baseline how far the config
+estimate is off.
 
-Run: python benchmarks/bench_truth.py [--pairs deep01,deep03,copy,noise10,eagle3,ngram-retrieval,ngram-novel]
+Run: python benchmarks/bench_truth.py [--pairs deep01,deep03,copy,noise10,eagle3,ngram-retrieval,ngram-novel,mtp]
 [--rounds 3]
 Results: benchmarks/results/truth_<pair>.json (and .md) for each pair as it is measured, then truth.json (and
 truth.md, the table) joining this run's pairs; ``--merge FILE...`` joins saved runs' files into truth.json.
@@ -58,7 +59,8 @@ from specscope.measure import measure_step_times, steady_throughput
 
 @dataclass(frozen=True)
 class Pair:
-    """A target and how it speculates: a draft model, an EAGLE-3 head or n-gram lookup (``draft`` None)."""
+    """A target and how it speculates: a draft model, an EAGLE-3 head, n-gram lookup or the target's own MTP layer
+    (``draft`` None for the last two)."""
 
     target: str
     draft: str | None
@@ -68,8 +70,10 @@ class Pair:
     prompts: str = "plain"
 
     def speculative_config(self, models: dict[str, Path], k: int) -> dict[str, Any]:
-        if self.draft is None:
+        if self.method == "ngram":
             return {"method": self.method, "prompt_lookup_min": 2, "prompt_lookup_max": 4, "num_speculative_tokens": k}
+        if self.draft is None:
+            return {"method": self.method, "num_speculative_tokens": k}
         return {"method": self.method, "model": str(models[self.draft]), "num_speculative_tokens": k}
 
 
@@ -77,7 +81,8 @@ PAIRS = {"deep01": Pair("deep01-target", "deep01-draft"), "deep03": Pair("deep03
          "copy": Pair("target", "copy"), "noise10": Pair("target", "noise10"),
          "eagle3": Pair("deep01-target", "deep01-eagle3", "eagle3"),
          "ngram-retrieval": Pair("deep01-target", None, "ngram", "retrieval"),
-         "ngram-novel": Pair("deep01-target", None, "ngram")}
+         "ngram-novel": Pair("deep01-target", None, "ngram"),
+         "mtp": Pair("deep01-mimo", None, "mtp")}
 KS = (1, 2, 3, 4, 6)
 BATCHES = (1, 4, 16)
 TOKENS = 96
