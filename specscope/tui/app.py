@@ -73,6 +73,8 @@ class TopApp(App[None]):
     .compact #fleet { max-height: 4; }
     .compact #panels { max-height: 8; }
     .compact #header { max-height: 2; }
+    .crowded #panels { max-height: 12; }
+    .crowded #alerts { max-height: 5; text-wrap: nowrap; text-overflow: ellipsis; }
     #requests-title { height: 1; text-style: bold; }
     #requests-header { height: 1; text-style: underline; }
     #requests { height: 1fr; min-height: 3; }
@@ -226,9 +228,10 @@ class TopApp(App[None]):
             alerts = [a for a in alerts if dict(a.labels).get("engine", str(engine)) == str(engine)]
         self._update("#alerts", view.alerts_panel(alerts, compact))
         self._draw_fleet()
-        # Compact beside a fleet table, the class table would push the requests off the screen: a weak class still
-        # shows as its alert.
-        crowded = compact and self.query_one("#fleet-box").display
+        # Under 44 rows beside a fleet table, the class table would push the requests off the screen (a weak class
+        # still shows as its alert), and the panels and alerts are held shorter.
+        crowded = self.size.height < 44 and self.query_one("#fleet-box").display
+        self.screen.set_class(crowded and not compact, "crowded")
         classes = Text() if crowded else view.classes_panel(snap, self.threshold, self.class_sort, compact,
                                                             rows=2 if compact else 6)
         self.query_one("#classes").display = bool(classes.plain)
@@ -382,7 +385,8 @@ class TopApp(App[None]):
             self.select(target.name, engine)
 
     def on_resize(self) -> None:
-        """Re-lay the panels for the new size (compact under 100×32), once the app has taken it."""
+        """Re-lay the panels for the new size (compact under 100×32; shorter beside a fleet under 44 rows), once the
+        app has taken it."""
         self.call_after_refresh(self.refresh_view)
 
     def on_unmount(self) -> None:

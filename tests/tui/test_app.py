@@ -273,3 +273,20 @@ def test_a_target_whose_engine_has_not_reported_reads_na_not_no_spec() -> None:
     hub.set_engine(EngineInfo(model="m"))
     target.poll()
     assert fleet_row(target, 0).split()[2:5] == ["m", "no", "spec"]
+
+
+@pytest.mark.parametrize(("size", "rows"), [((100, 34), 5), ((120, 40), 11)])
+async def test_the_requests_keep_rows_beside_a_fleet(size: tuple[int, int], rows: int) -> None:
+    """The demo's five targets with the weak draft shown (two alerts, a class table): under 44 rows the panels and
+    alerts are held shorter and the class table gives way, so the request table keeps rows (at 100×34 it had
+    none)."""
+    from tests.tui.conftest import replay_app
+
+    app = replay_app(130)
+    async with app.run_test(size=size) as pilot:
+        app.select("weak draft (f=0.1)")
+        app.refresh_view()
+        await pilot.pause()
+        assert app.query_one("#fleet-box").display and not app.query_one("#classes").display
+        assert "SpecscopeWeakDraft" in str(app.query_one("#alerts").render())
+        assert app.query_one("#requests", RequestTable).size.height >= rows
