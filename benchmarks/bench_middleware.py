@@ -41,10 +41,11 @@ from urllib.parse import parse_qs
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import write
+from specscope.codec import encode
 from specscope.collectors import vllm_reader
 from specscope.collectors.middleware import SpecscopeMiddleware
 from specscope.hub import Hub, StepStats
-from specscope.model import EngineInfo, encode
+from specscope.model import EngineInfo
 
 RECORDS = 1000
 ROUNDS = 8

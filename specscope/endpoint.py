@@ -20,7 +20,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from specscope import auth
-from specscope.model import Snapshot, encode
+from specscope.codec import encode
+from specscope.model import Snapshot
 from specscope.prometheus_export import SnapshotCollector
 
 DEFAULT_HOST = "127.0.0.1"

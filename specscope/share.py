@@ -37,7 +37,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specscope.model import Snapshot, encode
+from specscope.codec import encode
+from specscope.model import Snapshot
 
 if TYPE_CHECKING:
     from specscope.hub import Hub

@@ -17,9 +17,9 @@ import httpx
 import pytest
 
 from specscope import exports
+from specscope.codec import encode
 from specscope.endpoint import Endpoint
 from specscope.hub import Hub
-from specscope.model import encode
 from specscope.tui import UsageError, key_headers
 from tests.conftest import free_port
 from tests.tui.helpers import http_server, reply

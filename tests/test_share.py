@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from specscope.codec import encode
 from specscope.hub import Hub
-from specscope.model import encode
 from specscope.share import ProcessShare, default_directory
 
 NOBODY = 65534

@@ -31,9 +31,9 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from specscope import auth, classes
+from specscope.codec import encode
 from specscope.collectors import vllm_hook, vllm_reader
 from specscope.hub import Hub, default_hub
-from specscope.model import encode
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
