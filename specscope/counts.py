@@ -133,6 +133,11 @@ def _pad(values: list[int], k: int) -> tuple[int, ...]:
 Timing = tuple[int, float, bool]
 
 
+#: The columns of a batch size's row in :attr:`Counts.batches`: decode steps, their seconds and tokens; steps carrying
+#: prefill, their seconds and tokens, and the first tokens in them (requests whose prefill ended).
+DECODE_STEPS, DECODE_S, DECODE_TOKENS, PREFILL_STEPS, PREFILL_S, PREFILL_TOKENS, FIRST_TOKENS = range(7)
+
+
 class StepTimer:
     """Times engine steps from what vLLM reports.
 
@@ -180,8 +185,7 @@ class Counts:
         self.scalars = [0] * len(SCALARS)
         self.per_pos: list[int] = []
         self.dt_per_pos: list[int] = []
-        #: batch size -> [decode steps, decode seconds, decode tokens, prefill steps, prefill seconds,
-        #: tokens generated in prefill steps, first tokens (requests whose prefill ended) in them]
+        #: batch size -> its row, columns ``DECODE_STEPS`` .. ``FIRST_TOKENS`` (a list added to in place)
         self.batches: dict[int, list[float]] = {}
 
     def clear(self) -> None:
@@ -209,14 +213,14 @@ class Counts:
                     continue
                 row = batches[batch] = [0, 0.0, 0, 0, 0.0, 0, 0]
             if decode:
-                row[0] += 1
-                row[1] += seconds
-                row[2] += generated
+                row[DECODE_STEPS] += 1
+                row[DECODE_S] += seconds
+                row[DECODE_TOKENS] += generated
             else:
-                row[3] += 1
-                row[4] += seconds
-                row[5] += generated
-                row[6] += first
+                row[PREFILL_STEPS] += 1
+                row[PREFILL_S] += seconds
+                row[PREFILL_TOKENS] += generated
+                row[FIRST_TOKENS] += first
 
     def add(self, other: Counts) -> None:
         """Add another interval's counts."""

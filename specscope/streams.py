@@ -100,9 +100,9 @@ class EngineStream:
             self.ring.bucket(second).add_steps(steps if whole else steps.part(start, end),
                                                timings if whole else timings[start:end])
             start = end
-        last = next((t for t in reversed(timings) if t is not None and t[2]), None)
+        last = next((batch for batch, _, decode in filter(None, reversed(timings)) if decode), None)
         if last is not None:
-            self.decode_batch = last[0]
+            self.decode_batch = last
         # The gauges as the last step that reported them; the KV estimate step by step.
         kv = next((v for v in reversed(steps.kv_usage) if v is not None), None)
         if kv is not None:
