@@ -131,16 +131,15 @@ def merge(snaps: Sequence[Snapshot], max_requests: int = 1000) -> Snapshot:
         health = _add_health(health, s.health)
     engines = _merge_engines(snaps)
     requests = sorted((r for s in snaps for r in s.requests), key=lambda r: r.finished_at)[-max_requests:]
-    running = [e.running for e in engines if e.running is not None]
-    waiting = [e.waiting for e in engines if e.waiting is not None]
+    running, waiting = sum_known(e.running for e in engines), sum_known(e.waiting for e in engines)
     return replace(
         first,
         time=max(s.time for s in snaps),
         started_at=min(s.started_at for s in snaps),
         lifetime=life,
         window=window,
-        running=sum(running) if running else first.running,
-        waiting=sum(waiting) if waiting else first.waiting,
+        running=first.running if running is None else running,
+        waiting=first.waiting if waiting is None else waiting,
         kv=combine_kv(first.engine, engines) if engines else first.kv,
         requests=tuple(requests),
         request_acceptance_rate=hists[0],

@@ -166,7 +166,9 @@ class MetricsSource:
             http_get(self.name + self.probe, self.timeout)
             self._absent = False
         except SourceError as exc:
-            self._absent = str(exc).endswith("HTTP 404") or (False if " HTTP " in str(exc) else self._absent)
+            said = str(exc)
+            if " HTTP " in said:  # the server answered (no answer keeps what the last probe found)
+                self._absent = said.endswith("HTTP 404")
         except Exception:  # a URL urllib cannot take: the probe says nothing
             self._absent = None
         return bool(self._absent)
