@@ -3,8 +3,8 @@ speculation configured: a draft model (and an EAGLE head, on the same proposer) 
 step to keep its KV cache in step with the target; n-gram proposes nothing. Only removing ``speculative_config``
 (a restart) gives plain speed.
 
-On the deep family's f = 0.01 pair (draft model), its EAGLE-3 head and n-gram over the same target, and the same
-target as a MiMo model with one MTP layer (against itself without speculation), at batch 1, 4 and 16:
+On the deep family's f = 0.01 pair (draft model), its EAGLE-3 and EAGLE-1 heads and n-gram over the same target,
+and the same target as a MiMo model with one MTP layer (against itself without speculation), at batch 1, 4 and 16:
 
 - **measured**: output tokens/s of an engine whose schedule is K = 0 at every batch size, against the plain target,
   the batch held full for a few seconds (``steady_throughput``), the engines run alternately, medians of rounds;
@@ -12,7 +12,7 @@ target as a MiMo model with one MTP layer (against itself without speculation), 
   against the plain target's calibration, as an operator running K = 2 would see it in ``specscope top``;
 - the K = 2 engine's own measured speedup beside them (what the schedule gives up by choosing K = 0 there).
 
-Run: python benchmarks/bench_k0.py [--rounds 3] [--methods draft,eagle3,ngram,mtp]
+Run: python benchmarks/bench_k0.py [--rounds 3] [--methods draft,eagle3,eagle,ngram,mtp]
 Results: benchmarks/results/k0.json (a run of some methods keeps the saved cells of the others)
 """
 
@@ -47,6 +47,7 @@ ALL_ZERO = [[1, 16, 0]]
 METHODS: dict[str, dict[str, Any]] = {
     "draft": {"method": "draft_model", "model": "deep01-draft"},
     "eagle3": {"method": "eagle3", "model": "deep01-eagle3"},
+    "eagle": {"method": "eagle", "model": "deep01-eagle"},
     "ngram": {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4},
     "mtp": {"method": "mtp"},
 }
@@ -120,7 +121,8 @@ def main() -> None:
         rounds[method] = args.rounds
     errors: list[float] = [c["k0_predicted"] / c["k0_measured"] - 1 for m in cells.values() for c in m.values()
               if c["k0_predicted"] is not None]
-    result = {"pair": "deep01-target with deep01-draft (draft_model), deep01-eagle3 (eagle3) and n-gram lookup; "
+    result = {"pair": "deep01-target with deep01-draft (draft_model), deep01-eagle3 (eagle3), deep01-eagle (eagle) "
+                      "and n-gram lookup; "
                       "deep01-mimo (the same target as MiMo) with its MTP layer (mtp)",
               "rounds_by_method": rounds, "window_s": WINDOW_S, "cells": cells,
               "worst_prediction_error": round(worst, 3) if (worst := max(errors, key=abs, default=None)) is not None

@@ -24,14 +24,14 @@ Also: the prediction for every K made from the K=4 engine's short run alone (wha
 operator running K=4), and whether the K it recommends at each batch size measures within 5% of the best K measured
 (K = 0, speculation off, included). Pairs: the deep family (f = 0.01 and 0.03; speculation pays on a CPU), the tiny
 family's copy and 10%-noise drafts (same-size drafts: c ≈ 1), the deep01 target with its EAGLE-3 head (method
-``eagle3``), and n-gram lookup on the deep01 target with prompts it can look up (each prompt followed by the
-target's own greedy continuation and the prompt again, as retrieval-augmented prompts quote the answer) and with the
-plain prompts; and the deep01 target as a MiMo model with its MTP layer (method ``mtp``). For each cell the c the
-estimate used and c from the configs are kept, so the ratio tells operators without a baseline how far the config
-estimate is off.
+``eagle3``) and its EAGLE-1 head (method ``eagle``), and n-gram lookup on the deep01 target with prompts it can
+look up (each prompt followed by the target's own greedy continuation and the prompt again, as retrieval-augmented
+prompts quote the answer) and with the plain prompts; and the deep01 target as a MiMo model with its MTP layer
+(method ``mtp``). For each cell the c the estimate used and c from the configs are kept, so the ratio tells
+operators without a baseline how far the config estimate is off.
 
-Run: python benchmarks/bench_truth.py [--pairs deep01,deep03,copy,noise10,eagle3,ngram-retrieval,ngram-novel,mtp]
-[--rounds 3]
+Run: python benchmarks/bench_truth.py [--pairs deep01,deep03,copy,noise10,eagle3,eagle,ngram-retrieval,ngram-novel,
+mtp] [--rounds 3]
 Results: benchmarks/results/truth_<pair>.json (and .md) for each pair as it is measured, then truth.json (and
 truth.md, the table) joining this run's pairs; ``--merge FILE...`` joins saved runs' files into truth.json.
 """
@@ -59,8 +59,8 @@ from specscope.measure import measure_step_times, steady_throughput
 
 @dataclass(frozen=True)
 class Pair:
-    """A target and how it speculates: a draft model, an EAGLE-3 head, n-gram lookup or the target's own MTP layer
-    (``draft`` None for the last two)."""
+    """A target and how it speculates: a draft model, an EAGLE-3 or EAGLE-1 head, n-gram lookup or the target's own
+    MTP layer (``draft`` None for the last two)."""
 
     target: str
     draft: str | None
@@ -80,6 +80,7 @@ class Pair:
 PAIRS = {"deep01": Pair("deep01-target", "deep01-draft"), "deep03": Pair("deep03-target", "deep03-draft"),
          "copy": Pair("target", "copy"), "noise10": Pair("target", "noise10"),
          "eagle3": Pair("deep01-target", "deep01-eagle3", "eagle3"),
+         "eagle": Pair("deep01-target", "deep01-eagle", "eagle"),
          "ngram-retrieval": Pair("deep01-target", None, "ngram", "retrieval"),
          "ngram-novel": Pair("deep01-target", None, "ngram"),
          "mtp": Pair("deep01-mimo", None, "mtp")}

@@ -17,6 +17,10 @@ models built here with fixed seeds and a byte-level BPE tokenizer trained on gen
   path (auxiliary hidden states, ``fc``, the head's own KV cache, its shifted prefill). Eight extra attention
   heads attend to their own position only and carry the token's embedding into the residual stream, where a
   trained head's ``fc`` output would be;
+- an **EAGLE-1 head** for deep01 (``deep01-eagle``, method ``eagle``: ``EagleLlamaForCausalLM``, ``fc`` over
+  ``[embedding, target hidden state]``, one decoder layer without input norm, the target's LM head), built the same
+  way: ``fc`` passes the embedding and weighs the hidden state zero, and the layer is the target's layer 0 with
+  its input norm taken as the embeddings' mean RMS (each token's RMS is within ~3% of it);
 - an **MTP model**, ``deep01-mimo``: the deep01 target in the layout of Xiaomi's MiMo (Qwen2 layers, zero QKV
   biases: the same function) with one multi-token-prediction layer (vLLM's ``mtp`` method, ``MiMoMTP``), built
   the same way: the MTP block is layer 0, its hidden-state input weighted zero and its input projection mapping
@@ -37,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 #: Bump when anything below changes what gets built, so stale caches are not reused.
-VERSION = "3"
+VERSION = "4"
 
 VOCAB_SIZE = 2000
 SMALL_VOCAB_SIZE = 1000
@@ -58,6 +62,8 @@ DRAFTS: dict[str, str] = {
 DEEP: dict[str, float] = {"deep01": 0.01, "deep03": 0.03, "deep10": 0.1}
 #: Deep targets that get an EAGLE-3 head ``<name>-eagle3``.
 EAGLE3 = ("deep01", "deep03")
+#: The deep target that gets an EAGLE-1 head ``<name>-eagle``.
+EAGLE = "deep01"
 #: The deep target that also ships as a MiMo model with one MTP layer, ``<name>-mimo``.
 MTP = "deep01"
 #: Every model ``build`` returns, with what it is.
@@ -69,6 +75,7 @@ MODELS: dict[str, str] = {
         (f"{name}-draft", f"exactly {name}-target's layer 0, with its embeddings and LM head"))},
     **{f"{name}-eagle3": f"EAGLE-3 head for {name}-target: its layer 0, hidden-state input weighted zero"
        for name in EAGLE3},
+    f"{EAGLE}-eagle": f"EAGLE-1 head for {EAGLE}-target: its layer 0, hidden-state input weighted zero",
     f"{MTP}-mimo": f"{MTP}-target as a MiMo model with one MTP layer (method mtp): its layer 0, hidden input zero",
 }
 
@@ -276,6 +283,36 @@ def _eagle3_head(target: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     return {k: v.contiguous() for k, v in w.items()}, config
 
 
+def _eagle_head(target: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An EAGLE-1 head (weights by checkpoint name, config) that predicts as ``target``'s layer 0 does.
+
+    vLLM's EAGLE-1 layer reads ``fc([embedding, hidden])`` with no input norm and ends without a final norm before
+    the target's LM head. ``fc`` passes the embedding (the hidden state weighted zero); q, k and v fold in the
+    input norm as the embeddings' mean RMS; the target's final norm is all ones, a per-token scale that leaves
+    the greedy token as it is.
+    """
+    import torch
+
+    cfg = target.config
+    hidden = cfg.hidden_size
+    sd = {k: v.detach().clone() for k, v in target.state_dict().items()}
+    if not bool((sd["model.norm.weight"] == 1).all()):
+        raise ValueError("an EAGLE-1 head has no final norm: the target's must be all ones")
+    layer = "model.layers.0."
+    embed = sd["model.embed_tokens.weight"]
+    rms = float(embed.pow(2).mean(-1).sqrt().mean())
+    w = {"layers.0." + k.removeprefix(layer): v for k, v in sd.items()
+         if k.startswith(layer) and not k.endswith("input_layernorm.weight")}
+    norm = sd[layer + "input_layernorm.weight"] / rms
+    for p in "qkv":
+        w[f"layers.0.self_attn.{p}_proj.weight"] = sd[layer + f"self_attn.{p}_proj.weight"] * norm
+    w["fc.weight"] = torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], 1)
+    w["embed_tokens.weight"] = embed
+    config = cfg.to_dict()
+    config.update(architectures=["LlamaForCausalLM"], num_hidden_layers=1)
+    return {k: v.contiguous() for k, v in w.items()}, config
+
+
 def _mimo(target: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """``target`` as a MiMo checkpoint (Qwen2 names, zero QKV biases) with one MTP layer that predicts as its
     layer 0 does: MiMo's layer projects ``[hidden_norm(h), token_norm(embedding)]`` to the block's input and
@@ -356,6 +393,8 @@ def build(root: Path | None = None) -> dict[str, Path]:
             _save(deep_draft, tok, tmp / f"{name}-draft")
             if name in EAGLE3:
                 _save_head(*_eagle3_head(deep_target), tok, tmp / f"{name}-eagle3")
+            if name == EAGLE:
+                _save_head(*_eagle_head(deep_target), tok, tmp / f"{name}-eagle")
             if name == MTP:
                 _save_head(*_mimo(deep_target), tok, tmp / f"{name}-mimo")
         (tmp / "README.txt").write_text(

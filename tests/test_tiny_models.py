@@ -88,6 +88,28 @@ def test_the_eagle3_heads_are_their_targets_layer_0_in_vllms_eagle3_format(tiny:
         assert v[512:, :512].equal(torch.eye(512))
 
 
+def test_the_eagle_head_is_its_targets_layer_0_in_vllms_eagle_format(tiny: dict[str, Path]) -> None:
+    import json
+
+    import torch
+    from safetensors.torch import load_file
+
+    name = tiny_models.EAGLE
+    cfg = json.loads((tiny[f"{name}-eagle"] / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["num_hidden_layers"] == 1  # vLLM: EagleLlama...
+    head = load_file(tiny[f"{name}-eagle"] / "model.safetensors")
+    target = load_file(tiny[f"{name}-target"] / "model.safetensors")
+    assert "lm_head.weight" not in head and "layers.0.input_layernorm.weight" not in head  # the target's; none
+    fc = head["fc.weight"]
+    assert fc.shape == (512, 1024) and fc[:, :512].equal(torch.eye(512)) and not fc[:, 512:].any()
+    embed = target["model.embed_tokens.weight"]
+    rms = float(embed.pow(2).mean(-1).sqrt().mean())
+    q = head["layers.0.self_attn.q_proj.weight"]
+    assert torch.allclose(q * rms, target["model.layers.0.self_attn.q_proj.weight"], atol=1e-6)  # norm folded in
+    assert head["layers.0.mlp.down_proj.weight"].equal(target["model.layers.0.mlp.down_proj.weight"])
+    assert head["embed_tokens.weight"].equal(embed) and (target["model.norm.weight"] == 1).all()
+
+
 def test_the_mtp_model_is_the_deep_target_with_its_layer_0_as_the_mtp_layer(tiny: dict[str, Path]) -> None:
     import json
 

@@ -1,6 +1,7 @@
-"""EAGLE-3 and MTP on real engines: the deep01 target with its tiny EAGLE-3 head (method ``eagle3``: auxiliary
-hidden states, the head's own KV cache and shifted prefill) and as a MiMo model with one MTP layer (method
-``mtp``), both from ``specscope models``.
+"""EAGLE-3, EAGLE-1 and MTP on real engines: the deep01 target with its tiny EAGLE-3 head (method ``eagle3``:
+auxiliary hidden states, the head's own KV cache and shifted prefill), with its EAGLE-1 head (method ``eagle``:
+the target's last hidden state fused with the embedding) and as a MiMo model with one MTP layer (method ``mtp``),
+all from ``specscope models``.
 
 For each method one plain engine of the target is the baseline and the "without speculation" of the measured
 speedup; one speculative engine at K = 4 serves the checks of counts, per-position acceptance, memory and the
@@ -31,6 +32,8 @@ PROMPTS = tiny_models.prompts(32, seed=43)
 METHODS: dict[str, tuple[str, dict[str, str], int]] = {
     # One head layer with 16 KV heads of 64 (eight carry the embedding) against 12 target layers of 8.
     "eagle3": ("deep01-target", {"method": "eagle3", "model": "deep01-eagle3"}, 6),
+    # One head layer shaped as a target layer.
+    "eagle": ("deep01-target", {"method": "eagle", "model": "deep01-eagle"}, 12),
     # One MTP layer shaped as a target layer.
     "mtp": ("deep01-mimo", {"method": "mtp"}, 12),
 }
