@@ -1,6 +1,7 @@
 """``specscope evaluate``: which draft, and which K, measured before deploying.
 
-Each candidate (a draft model, or n-gram lookup) runs at each K beside the target without speculation: the two
+Each candidate (a draft model, an EAGLE-3 or EAGLE-1 head, the target's own MTP layers, or n-gram lookup) runs at
+each K beside the target without speculation: the two
 engines take the same prompts with the batch held full at each batch size (:func:`~specscope.measure.
 steady_throughput`: greedy, each request's ``max_tokens`` generated), alternating which goes first, and the speedup
 at a batch size is the median of the rounds' ratios, with their spread. One speculative engine is alive at a time
@@ -38,6 +39,10 @@ from specscope.model import ClassCounts
 FIELDS = ("prompt", "messages", "class", "max_tokens")
 #: n-gram lookup's settings as a candidate.
 NGRAM = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+#: Candidates without a model of their own: n-gram lookup, and the target's own multi-token-prediction layers.
+MODEL_FREE = ("ngram", "mtp")
+#: Speculative heads, by vLLM's method name: they run with the target's tokenizer and read its hidden states.
+HEADS = {"eagle3": "EAGLE-3", "eagle": "EAGLE-1"}
 RANKING_RULE = ("the geometric mean, over the batch sizes given, of each candidate's best measured speedup there "
                 "(at its best K; refused and failed candidates last)")
 #: Exit status of an interrupted run (its partial results are written).
@@ -245,7 +250,7 @@ class Schedule:
 
 @dataclass
 class Candidate:
-    """A draft model, or n-gram lookup, and what was measured of it."""
+    """A draft model, a head, the target's MTP layers or n-gram lookup, and what was measured of it."""
 
     name: str
     method: str
@@ -260,7 +265,12 @@ class Candidate:
 
     def config(self, k: int) -> dict[str, Any]:
         """Its ``speculative_config`` at K = ``k``."""
-        base = dict(NGRAM) if self.method == "ngram" else {"method": "draft_model", "model": self.draft}
+        if self.method == "ngram":
+            base: dict[str, Any] = dict(NGRAM)
+        elif self.draft is None:
+            base = {"method": self.method}
+        else:
+            base = {"method": self.method, "model": self.draft}
         return {**base, "num_speculative_tokens": k}
 
     def best(self, b: int) -> tuple[int, float] | None:
@@ -782,8 +792,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", help="target model (as for vllm.LLM)")
     parser.add_argument("--draft", action="append", default=[], metavar="MODEL",
                         help="a draft model to evaluate (draft_model speculation); repeatable")
-    parser.add_argument("--method", action="append", default=[], choices=["ngram"],
-                        help="a model-free method to evaluate too (ngram: prompt_lookup_min 2, max 4)")
+    for method, name in HEADS.items():
+        parser.add_argument(f"--{method}", action="append", default=[], metavar="HEAD",
+                            help=f"an {name} head to evaluate (method {method}; it runs with the target's "
+                            "tokenizer); repeatable")
+    parser.add_argument("--method", action="append", default=[], choices=list(MODEL_FREE),
+                        help="a method without a model of its own to evaluate too (ngram: prompt_lookup_min 2, max 4; "
+                        "mtp: the target's own multi-token-prediction layers)")
     parser.add_argument("--k", default="1,2,4,6", help="comma-separated K to measure (default 1,2,4,6)")
     parser.add_argument("--prompts", required=True, metavar="FILE",
                         help="JSON lines ({\"prompt\": ...} or {\"messages\": [...]}, optional \"class\" and "
@@ -813,12 +828,15 @@ def main(args: argparse.Namespace, engine_kw: dict[str, Any]) -> int:
         ks, sizes = _ints(args.k, "--k"), _ints(args.batch_sizes, "--batch-sizes")
         if args.rounds < 1 or not args.window_s > 0 or args.max_tokens < 1:
             raise InputError("--rounds and --max-tokens take positive integers, --window-s a positive number")
-        if not args.draft and not args.method:
-            raise InputError("name at least one candidate: --draft MODEL or --method ngram")
-        if len(set(args.draft)) < len(args.draft) or len(set(args.method)) < len(args.method):
-            raise InputError("each candidate once: a --draft or --method is repeated")
+        models = [*args.draft, *(h for m in HEADS for h in getattr(args, m))]
+        if not models and not args.method:
+            raise InputError("name at least one candidate: --draft MODEL, --eagle3 HEAD, --eagle HEAD or --method "
+                             "ngram|mtp")
+        if len(set(models)) < len(models) or len(set(args.method)) < len(args.method):
+            raise InputError("each candidate once: a model or --method is named twice")
         if "speculative_config" in engine_kw:
-            raise InputError("candidates come from --draft and --method; drop speculative_config from --engine-arg")
+            raise InputError("candidates come from --draft, --eagle3, --eagle and --method; drop speculative_config "
+                             "from --engine-arg")
         if args.out:
             try:
                 import matplotlib  # noqa: F401
@@ -883,7 +901,8 @@ def main(args: argparse.Namespace, engine_kw: dict[str, Any]) -> int:
 
 
 def _candidates(args: argparse.Namespace) -> list[Candidate]:
-    """The candidates, drafts' tokenizers checked (a mismatch refused unless ``--force``)."""
+    """The candidates, drafts' tokenizers checked (a mismatch refused unless ``--force``; heads run with the
+    target's)."""
     from specscope.tokenizer_check import TokenizerCheckError, compare
 
     out = []
@@ -899,6 +918,7 @@ def _candidates(args: argparse.Namespace) -> list[Candidate]:
             c.status = "refused"
             c.note = "tokenizer mismatch (" + "; ".join(report.reasons)[:300] + "); --force measures it anyway"
         out.append(c)
+    out += [Candidate(head, m, head) for m in HEADS for head in getattr(args, m)]
     out += [Candidate(m, m) for m in args.method]
     return out
 

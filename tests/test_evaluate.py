@@ -119,14 +119,16 @@ def test_every_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.C
     base = [target, "--prompts", str(good)]
     cases += [
         ([*base], "name at least one candidate"),
-        ([*base, "--draft", draft, "--draft", draft], "is repeated"),
+        ([*base, "--draft", draft, "--draft", draft], "named twice"),
+        ([*base, "--draft", draft, "--eagle3", draft], "named twice"),
+        ([*base, "--method", "mtp", "--method", "mtp"], "named twice"),
         ([*base, "--draft", draft, "--k", "0,2"], "--k takes positive integers"),
         ([*base, "--draft", draft, "--k", "two"], "--k takes positive integers"),
         ([*base, "--draft", draft, "--batch-sizes", ""], "--batch-sizes takes"),
         ([*base, "--draft", draft, "--rounds", "0"], "--rounds"),
         ([*base, "--draft", draft, "--window-s", "-1"], "--window-s"),
         ([*base, "--draft", draft, "--rounds", "x"], "invalid int value"),
-        ([*base, "--draft", draft, "--method", "eagle"], "invalid choice"),
+        ([*base, "--draft", draft, "--method", "eagle3"], "invalid choice"),
         ([*base, "--draft", draft, "--engine-arg", "novalue"], "--engine-arg takes name=value"),
         ([*base, "--draft", draft, "--engine-arg", 'speculative_config={"method": "ngram"}'], "speculative_config"),
         ([*base, "--draft", draft, "-o", str(tmp_path / "no" / "dir.html")], "no such directory"),
@@ -139,6 +141,29 @@ def test_every_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.C
         assert code == 2, (args, out, err)
         assert len(err.strip().splitlines()) == 1 and err.startswith("specscope: error: "), (args, err)
         assert words in err and "Traceback" not in err, (args, err)
+
+
+def test_each_kind_of_candidate_is_configured_as_vllm_takes_it(tiny: dict[str, Path]) -> None:
+    """Drafts are tokenizer-checked; heads run with the target's tokenizer (none checked); model-free methods name
+    no model. Each candidate's speculative_config is the one vLLM's method takes."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    evaluate.add_arguments(parser)
+    args = parser.parse_args([str(tiny["deep01-target"]), "--prompts", "p.jsonl", "--draft", str(tiny["deep01-draft"]),
+                              "--eagle3", str(tiny["deep01-eagle3"]), "--eagle", str(tiny["deep01-eagle"]),
+                              "--method", "ngram", "--method", "mtp"])
+    got = {c.method: c for c in evaluate._candidates(args)}
+    assert list(got) == ["draft_model", "eagle3", "eagle", "ngram", "mtp"]
+    assert got["draft_model"].tokenizer is not None and got["draft_model"].tokenizer["verdict"] == "identical"
+    assert all(got[m].tokenizer is None and got[m].status == "pending" for m in ("eagle3", "eagle", "ngram", "mtp"))
+    assert got["eagle3"].config(3) == {"method": "eagle3", "model": str(tiny["deep01-eagle3"]),
+                                       "num_speculative_tokens": 3}
+    assert got["eagle"].config(2) == {"method": "eagle", "model": str(tiny["deep01-eagle"]),
+                                      "num_speculative_tokens": 2}
+    assert got["mtp"].config(1) == {"method": "mtp", "num_speculative_tokens": 1}
+    assert got["ngram"].config(4) == {**evaluate.NGRAM, "num_speculative_tokens": 4}
+    assert got["draft_model"].config(4)["method"] == "draft_model"
 
 
 def cand(name: str, cells: dict[int, dict[int, list[float]]], method: str = "draft_model",
