@@ -29,7 +29,7 @@ from specscope.tui import view
 from specscope.tui.app import TopApp
 from tests.tui.helpers import Clock, busy_hub, feed
 
-FRAMES = 30
+FRAMES = 100
 
 
 async def measure(size: tuple[int, int]) -> dict[str, float]:
