@@ -598,10 +598,11 @@ def render_text(ev: Evaluation) -> str:
             lines.append(f"   KV: {c.draft_kv['text']}")
         for k, run in sorted(c.runs.items()):
             lines.append(f"   K={k}: " + "  ".join(f"batch {b} {_cell_text(run.cells.get(b))}" for b in sizes))
-            lines.append(f"        acceptance {_pct(run.acceptance)} (by position "
-                         + " ".join(_pct(x) for x in run.per_position) + "); by class "
-                         + ", ".join(f"{name} {_pct(a.acceptance_rate)} ({a.requests} requests)"
-                                     for name, a in sorted(run.by_class.items())))
+            said = [f"by position {' '.join(_pct(x) for x in run.per_position)}"] if run.per_position else []
+            if run.by_class:
+                said.append("by class " + ", ".join(f"{name} {_pct(a.acceptance_rate)} ({a.requests} requests)"
+                                                    for name, a in sorted(run.by_class.items())))
+            lines.append(f"        acceptance {_pct(run.acceptance)}" + (f" ({'; '.join(said)})" if said else ""))
         sched = c.schedule
         if sched is None:
             continue

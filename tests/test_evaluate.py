@@ -256,6 +256,21 @@ def test_json_and_text_of_an_evaluation() -> None:
     text = evaluate.render_text(ev)
     assert "1. /m/good-draft" in text and "run without speculation" in text and "by class chat 75%" in text
     assert '"num_speculative_tokens_per_batch_size": [[1, 7, 4], [8, 256, 2]]' in text
+    assert "acceptance 60% (by position 80% 60%; by class chat 75% (4 requests), code 40% (3 requests))" in text
+
+
+def test_a_candidate_that_failed_reads_as_failed_with_nothing_measured_said_once() -> None:
+    """The target's own MTP layers on a target without them: vLLM refuses the method, nothing is measured."""
+    ev = synthetic()
+    failed = Candidate("mtp", "mtp", status="failed", note="NotImplementedError: Unsupported speculative method: 'mtp'")
+    failed.runs[2] = KRun(2)
+    ev.candidates.append(failed)
+    text = evaluate.render_text(ev)
+    assert "4. mtp (mtp) score n/a; failed: NotImplementedError: Unsupported speculative method: 'mtp'" in text
+    assert "   K=2: batch 1 n/a  batch 8 n/a\n        acceptance n/a\n" in text
+    assert "by position )" not in text and not text.rstrip().endswith("by class")
+    doc = evaluate.to_dict(ev)
+    assert doc["ranking"][-1] == "mtp" and doc["candidates"][-1]["status"] == "failed"
 
 
 def test_html_is_one_self_contained_page_with_its_plots() -> None:
