@@ -20,7 +20,7 @@ models built here with fixed seeds and a byte-level BPE tokenizer trained on gen
 - an **EAGLE-1 head** for deep01 (``deep01-eagle``, method ``eagle``: ``EagleLlamaForCausalLM``, ``fc`` over
   ``[embedding, target hidden state]``, one decoder layer without input norm, the target's LM head), built the same
   way: ``fc`` passes the embedding and weighs the hidden state zero, and the layer is the target's layer 0 with
-  its input norm taken as the embeddings' mean RMS (each token's RMS is within ~3% of it);
+  its input norm taken as the embeddings' mean RMS (the tokens' RMS varies by about 3% around it);
 - an **MTP model**, ``deep01-mimo``: the deep01 target in the layout of Xiaomi's MiMo (Qwen2 layers, zero QKV
   biases: the same function) with one multi-token-prediction layer (vLLM's ``mtp`` method, ``MiMoMTP``), built
   the same way: the MTP block is layer 0, its hidden-state input weighted zero and its input projection mapping
