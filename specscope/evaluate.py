@@ -38,8 +38,9 @@ from specscope.model import ClassCounts
 FIELDS = ("prompt", "messages", "class", "max_tokens")
 #: n-gram lookup's settings as a candidate.
 NGRAM = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}
-#: Candidates without a model of their own: n-gram lookup, and the target's own multi-token-prediction layers.
-MODEL_FREE = ("ngram", "mtp")
+#: Candidates named by their method alone (no model path): n-gram lookup, and the target's own multi-token-prediction
+#: layers.
+BY_METHOD = ("ngram", "mtp")
 #: Speculative heads, by vLLM's method name: they run with the target's tokenizer and read its hidden states.
 HEADS = {"eagle3": "EAGLE-3", "eagle": "EAGLE-1"}
 RANKING_RULE = ("the geometric mean, over the batch sizes given, of each candidate's best measured speedup there "
@@ -796,9 +797,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(f"--{method}", action="append", default=[], metavar="HEAD",
                             help=f"an {name} head to evaluate (method {method}; it runs with the target's "
                             "tokenizer); repeatable")
-    parser.add_argument("--method", action="append", default=[], choices=list(MODEL_FREE),
-                        help="a method without a model of its own to evaluate too (ngram: prompt_lookup_min 2, max 4; "
-                        "mtp: the target's own multi-token-prediction layers)")
+    parser.add_argument("--method", action="append", default=[], choices=list(BY_METHOD),
+                        help="a method to evaluate that needs no model path (ngram: prompt_lookup_min 2, max 4; mtp: "
+                        "the target's own multi-token-prediction layers)")
     parser.add_argument("--k", default="1,2,4,6", help="comma-separated K to measure (default 1,2,4,6)")
     parser.add_argument("--prompts", required=True, metavar="FILE",
                         help="JSON lines ({\"prompt\": ...} or {\"messages\": [...]}, optional \"class\" and "

@@ -236,6 +236,11 @@ def _deep_pair(factor: float) -> tuple[Any, Any]:
 _SELF_PAIRS, _SELF_AMPLITUDE = 6, 14.0
 
 
+def _mean_rms(embed: Any) -> float:
+    """The embeddings' RMS, averaged over tokens: what a layer's input norm divides a token's embedding by."""
+    return float(embed.pow(2).mean(-1).sqrt().mean())
+
+
 def _eagle3_head(target: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """An EAGLE-3 head (weights by checkpoint name, config) that predicts as ``target``'s layer 0 does.
 
@@ -265,7 +270,7 @@ def _eagle3_head(target: Any) -> tuple[dict[str, Any], dict[str, Any]]:
             [torch.cat([own, zeros], 1), torch.cat([carry, zeros], 1)], 0)
         w[f"midlayer.self_attn.{p}_proj.bias"] = torch.zeros(2 * width) if p == "v" else bias.clone()
     embed = sd["model.embed_tokens.weight"]
-    rms = float(embed.pow(2).mean(-1).sqrt().mean())
+    rms = _mean_rms(embed)
     w["midlayer.self_attn.o_proj.weight"] = torch.cat(
         [sd[layer + "self_attn.o_proj.weight"], torch.diag(rms / sd[layer + "input_layernorm.weight"])], 1)
     w["midlayer.self_attn.o_proj.bias"] = torch.zeros(hidden)
@@ -300,7 +305,7 @@ def _eagle_head(target: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         raise ValueError("an EAGLE-1 head has no final norm: the target's must be all ones")
     layer = "model.layers.0."
     embed = sd["model.embed_tokens.weight"]
-    rms = float(embed.pow(2).mean(-1).sqrt().mean())
+    rms = _mean_rms(embed)
     w = {"layers.0." + k.removeprefix(layer): v for k, v in sd.items()
          if k.startswith(layer) and not k.endswith("input_layernorm.weight")}
     norm = sd[layer + "input_layernorm.weight"] / rms
@@ -331,7 +336,7 @@ def _mimo(target: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     for key in [k for k in w if k.startswith(layer)]:
         w[mtp + key.removeprefix(layer)] = w[key].clone()
     embed = sd["model.embed_tokens.weight"]
-    rms = float(embed.pow(2).mean(-1).sqrt().mean())
+    rms = _mean_rms(embed)
     w[mtp + "token_layernorm.weight"] = torch.ones(hidden)
     w[mtp + "hidden_layernorm.weight"] = torch.ones(hidden)
     w[mtp + "input_proj.weight"] = torch.cat([torch.zeros(hidden, hidden), rms * torch.eye(hidden)], 1)

@@ -30,8 +30,7 @@ def test_evaluate_ranks_the_good_draft_first_and_tells_the_weak_one_to_run_witho
     prompts.write_text(PROMPTS.read_text() + json.dumps({"prompt": "river " * 1100, "class": "prose"}) + "\n")
     good, weak, head = str(tiny["deep01-draft"]), str(tiny["independent"]), str(tiny["deep01-eagle3"])
     args = [str(tiny["deep01-target"]), "--draft", good, "--draft", weak, "--eagle3", head, "--method", "ngram",
-            "--k", "2,4",
-            "--batch-sizes", "1,8", "--rounds", "1", "--window-s", "2.5", "--max-tokens", "64",
+            "--k", "2,4", "--batch-sizes", "1,8", "--rounds", "1", "--window-s", "2.5", "--max-tokens", "64",
             "--prompts", str(prompts), "--json", str(tmp_path / "r.json"), "-o", str(tmp_path / "r.html")]
     for key, value in {**ENGINE_KW, "max_model_len": 1024}.items():
         args += ["--engine-arg", f"{key}={json.dumps(value)}"]
