@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from specscope.alerts.evaluate import Alert
+from specscope.auth import read_url
 
 log = logging.getLogger("specscope.alerts")
 
@@ -72,5 +73,4 @@ class AlertmanagerNotifier:
         body = json.dumps(alertmanager_payload(alerts)).encode()
         req = urllib.request.Request(self.url, data=body, method="POST",
                                      headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-            resp.read()
+        read_url(req, timeout=self.timeout_s)

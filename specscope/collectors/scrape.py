@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol, runtime_checkable
 
+from specscope.auth import read_url
 from specscope.catalogue import exported_name as _p
 from specscope.collectors.middleware import SNAPSHOT_PATH
 from specscope.collectors.promtext import ParseError, Samples, parse
@@ -68,11 +69,12 @@ class WindowedSource(Source, Protocol):
 
 
 def http_get(url: str, timeout: float, headers: dict[str, str] | None = None, data: bytes | None = None) -> str:
-    """The body at ``url`` (POSTed ``data``, form-encoded, when given); SourceError with one line otherwise."""
+    """The body at ``url`` (POSTed ``data``, form-encoded, when given); SourceError with one line otherwise.
+    ``headers`` (the API key) follow a redirect only to the same scheme, host and port
+    (:func:`specscope.auth.read_url`)."""
     request = urllib.request.Request(url, data=data, headers=headers or {})
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as resp:
-            return str(resp.read().decode("utf-8", "replace"))
+        return read_url(request, timeout).decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
         raise SourceError(f"{url}: HTTP {exc.code}") from None
     except (urllib.error.URLError, OSError) as exc:
