@@ -1,9 +1,11 @@
 """Traffic classes: what a request's class is, and what a class name may be.
 
-A request's class comes, in this order, from the W3C ``baggage`` header's ``traffic_class`` member, a header the
-operator names (``SPECSCOPE_CLASS_HEADER``), the served model name when vLLM serves several (LoRA adapters), or
+A request's class comes from the header the operator names (``SPECSCOPE_CLASS_HEADER``, which a gateway sets)
+where the request has it, else from the W3C ``baggage`` header's ``traffic_class`` member (the client's say), else
+the served model name when vLLM serves several (LoRA adapters, ``model:<name>``), or
 ``specscope.LLM.generate(..., specscope_class=...)`` offline; without one it is its prompt-length bucket. A class
-is a metric label: at most :data:`MAX_LENGTH` characters of a safe set, anything else is refused (``None``).
+is a metric label: at most :data:`MAX_LENGTH` characters of a safe set, anything else is refused (``None``); a
+header cannot claim :data:`OTHER` or a name specscope gives (:data:`RESERVED_PREFIXES`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ PROMPT_BUCKETS = ("prompt:<256", "prompt:256-2k", "prompt:2k-8k", "prompt:>=8k")
 #: prompt-length buckets seen count toward the limit, and are always kept.
 OTHER = "other"
 MAX_CLASSES = 20
+#: Prefixes of the classes specscope gives (prompt-length buckets, served models): no header may claim them.
+RESERVED_PREFIXES = ("prompt:", "model:")
+#: Windows (the hub's ``window_s``) a class goes unseen before its row may go to a new name.
+IDLE_WINDOWS = 10
 #: The baggage member that names a request's class.
 BAGGAGE_KEY = "traffic_class"
 
@@ -55,6 +61,14 @@ def clean(value: object) -> str | None:
     return value
 
 
+def claimed(value: object) -> str | None:
+    """The class a request's header claims: :func:`clean`, and None for :data:`OTHER` or a reserved prefix."""
+    name = clean(value)
+    if name is None or name.lower() == OTHER or name.lower().startswith(RESERVED_PREFIXES):
+        return None
+    return name
+
+
 def prompt_bucket(prompt_tokens: int | None) -> str | None:
     """The prompt-length bucket of a request of ``prompt_tokens`` (None where that is unknown)."""
     if prompt_tokens is None:
@@ -63,19 +77,19 @@ def prompt_bucket(prompt_tokens: int | None) -> str | None:
 
 
 def from_baggage(header: str) -> str | None:
-    """The ``traffic_class`` member of a W3C ``baggage`` header (``k=v;prop,k2=v2``), cleaned."""
+    """The ``traffic_class`` member of a W3C ``baggage`` header (``k=v;prop,k2=v2``), as :func:`claimed`."""
     from urllib.parse import unquote
 
     for member in header.split(","):
         key, sep, rest = member.partition("=")
         if sep and key.strip() == BAGGAGE_KEY:
-            return clean(unquote(rest.split(";", 1)[0].strip()))
+            return claimed(unquote(rest.split(";", 1)[0].strip()))
     return None
 
 
 def from_headers(headers: Mapping[str, str], named: str | None) -> str | None:
-    """A request's class from its headers (lower-case names): baggage first, then the operator's ``named`` one."""
-    found = from_baggage(headers["baggage"]) if "baggage" in headers else None
-    if found is None and named:
-        found = clean(headers.get(named.lower()))
-    return found
+    """A request's class from its headers (lower-case names): the operator's ``named`` one where the request has it
+    (the client's baggage cannot override it), else baggage; :func:`claimed` either way."""
+    if named and named.lower() in headers:
+        return claimed(headers[named.lower()])
+    return from_baggage(headers["baggage"]) if "baggage" in headers else None

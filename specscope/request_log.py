@@ -61,9 +61,12 @@ class _Hist:
 class RequestLog:
     """Request records: parts joined, final ones numbered and observed, the last ``max_requests`` kept."""
 
-    def __init__(self, max_requests: int, max_classes: int = classes.MAX_CLASSES, history_s: float = 900.0) -> None:
+    def __init__(self, max_requests: int, max_classes: int = classes.MAX_CLASSES, history_s: float = 900.0,
+                 class_idle_s: float = classes.IDLE_WINDOWS * 60.0) -> None:
         self.max_requests = max_requests
         self.max_classes = max_classes
+        #: Seconds a class goes unseen before its row may go to a new name.
+        self.class_idle_s = class_idle_s
         self.history_s = history_s
         self.parts_expected = 1
         self.recent: OrderedDict[str, RequestRecord] = OrderedDict()
@@ -87,6 +90,11 @@ class RequestLog:
         #: length are summed from at most that many seconds, not from every record.
         self._class_seconds: dict[int, dict[str, _Row]] = {}
         self._folded: set[str] = set()
+        #: class name -> when a request of it was last counted, least recent first (the names with rows that can
+        #: be given up: not the prompt-length buckets, not other)
+        self._seen: OrderedDict[str, float] = OrderedDict()
+        #: request id -> the class key its counts went to (kept with the record, for a late part to move them)
+        self._counted: dict[str, str] = {}
 
     def add_part(self, request_id: str, now: float, fields: dict[str, Any]) -> list[RequestRecord]:
         """Add one source's part of a request; returns the records that became final."""
@@ -103,10 +111,11 @@ class RequestLog:
                 old, _ = self.recent.popitem(last=False)
                 self._parts.pop(old, None)
                 self._pending.pop(old, None)
+                self._counted.pop(old, None)
         else:
             known = {k: v for k, v in fields.items() if v is not None}  # a part's unknowns keep the other's numbers
             if rec.final_seq and request_id not in self._pending:
-                self._amend(rec, replace(rec, **known))
+                self._amend(rec, replace(rec, **known), now)
                 return self.release_expired(now)
             rec = replace(rec, **known)
             self.recent[request_id] = rec
@@ -114,7 +123,7 @@ class RequestLog:
         if final:
             self._parts.pop(request_id, None)
             self._pending.pop(request_id, None)
-            done.append(self._finalize(rec))
+            done.append(self._finalize(rec, now))
         else:
             self._parts[request_id] = parts
             self._pending[request_id] = now
@@ -131,7 +140,7 @@ class RequestLog:
             self._parts.pop(rid, None)
             rec = self.recent.get(rid)
             if rec is not None:
-                out.append(self._finalize(rec))
+                out.append(self._finalize(rec, now))
         return out
 
     def add_positions(self, per_step_accepted: Sequence[int], per_step_drafted: Sequence[int]) -> None:
@@ -169,16 +178,35 @@ class RequestLog:
         a = self._attributed
         return Attribution(a.requests, a.spec_steps, a.draft_tokens, a.accepted)
 
-    def class_key(self, name: str | None) -> str | None:
-        """Where a request of class ``name`` is counted: its name while fewer than ``max_classes`` names have rows
-        (the prompt-length buckets among them, and always kept), else :data:`classes.OTHER`."""
-        if name is None or name in self._classes or name in classes.PROMPT_BUCKETS:
+    def class_key(self, name: str | None, now: float) -> str | None:
+        """Where a request of class ``name`` is counted at ``now``: its name while it has a row or fewer than
+        ``max_classes`` names have rows (the prompt-length buckets among them, and always kept), else
+        :data:`classes.OTHER`. A class unseen for ``class_idle_s`` gives its row, and its counts, up to a new name."""
+        if name is None or name in classes.PROMPT_BUCKETS or name == classes.OTHER:
             return name
-        if name not in self._folded and len(self._classes) - (classes.OTHER in self._classes) < self.max_classes:
-            return name
-        if len(self._folded) < MAX_FOLDED:
-            self._folded.add(name)
-        return classes.OTHER
+        if name not in self._classes and not self._free_row(now):
+            if len(self._folded) < MAX_FOLDED:
+                self._folded.add(name)
+            return classes.OTHER
+        self._seen[name] = now
+        self._seen.move_to_end(name)
+        return name
+
+    def _free_row(self, now: float) -> bool:
+        """Whether a new name can have a row: one of ``max_classes`` is free, or the least recently seen class's
+        row, idle for ``class_idle_s``, is given up."""
+        if len(self._classes) - (classes.OTHER in self._classes) < self.max_classes:
+            return True
+        if not self._seen:
+            return False
+        idle, seen = next(iter(self._seen.items()))
+        if now - seen < self.class_idle_s:
+            return False
+        del self._seen[idle], self._classes[idle]
+        for by_key in self._class_seconds.values():
+            by_key.pop(idle, None)
+        self._counted = {rid: key for rid, key in self._counted.items() if key != idle}
+        return True
 
     def class_totals(self) -> dict[str, ClassCounts]:
         """Every final record's counts so far, by class."""
@@ -213,8 +241,14 @@ class RequestLog:
         """Distinct class names counted as :data:`classes.OTHER` (at most :data:`MAX_FOLDED`)."""
         return len(self._folded)
 
-    def _count_class(self, rec: RequestRecord, sign: int) -> None:
-        key = self.class_key(rec.class_name)
+    def _count_class(self, rec: RequestRecord, sign: int, now: float) -> None:
+        """Add a final record's counts to its class's rows (``sign`` 1), or take them from where they went (-1)."""
+        if sign > 0:
+            key = self.class_key(rec.class_name, now)
+            if key is not None:
+                self._counted[rec.request_id] = key
+        else:  # none where the row they went to was given up since
+            key = self._counted.pop(rec.request_id, None)
         if key is None:
             return
         row = self._classes.get(key)
@@ -233,23 +267,23 @@ class RequestLog:
             row = by_key[key] = _Row()
         row.add_record(rec, sign)
 
-    def _finalize(self, rec: RequestRecord) -> RequestRecord:
+    def _finalize(self, rec: RequestRecord, now: float) -> RequestRecord:
         self._final_seq += 1
         if rec.final_seq != self._final_seq:
             rec = replace(rec, final_seq=self._final_seq)
             self.recent[rec.request_id] = rec
         self._observe(rec, _NOTHING)
         self._attributed.requests += 1
-        self._count_class(rec, 1)
+        self._count_class(rec, 1, now)
         return rec
 
-    def _amend(self, old: RequestRecord, new: RequestRecord) -> None:
+    def _amend(self, old: RequestRecord, new: RequestRecord, now: float) -> None:
         """A final record's late part: the record is amended (its ``final_seq`` kept), and what the part added goes
         to the histograms and sums; the request is not counted again and not published again."""
         self.recent[new.request_id] = new
         self._observe(new, old)
-        self._count_class(old, -1)
-        self._count_class(new, 1)
+        self._count_class(old, -1, now)
+        self._count_class(new, 1, now)
 
     def _observe(self, rec: RequestRecord, before: RequestRecord) -> None:
         """Add to the histograms each value ``rec`` has that ``before`` did not, and to the sums their difference."""

@@ -41,6 +41,11 @@ class RequestStore:
         with self._lock:
             self._log.parts_expected = max(1, parts)
 
+    def set_class_idle(self, seconds: float) -> None:
+        """How long a traffic class goes unseen before its row may go to a new name."""
+        with self._lock:
+            self._log.class_idle_s = seconds
+
     def record(self, request_id: str, **fields: Any) -> None:
         """Add one source's part of a finished request (see :class:`RequestRecord` for the fields), now."""
         now = self._clock()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -36,13 +37,64 @@ def test_class_names_are_labels_of_safe_characters() -> None:
         assert classes.clean(bad) is None, bad
     assert classes.from_baggage("userId=alice, traffic_class=code%2Fsql;ttl=3") == "code/sql"
     assert classes.from_baggage("traffic_class=") is None and classes.from_baggage("other=1") is None
-    assert classes.from_headers({"baggage": "traffic_class=a", "x-tenant": "b"}, "X-Tenant") == "a"
-    assert classes.from_headers({"baggage": "k=v", "x-tenant": "b"}, "X-Tenant") == "b"
     assert [classes.prompt_bucket(n) for n in (None, 0, 255, 256, 2047, 2048, 8191, 8192)] == [
         None, "prompt:<256", "prompt:<256", "prompt:256-2k", "prompt:256-2k", "prompt:2k-8k", "prompt:2k-8k",
         "prompt:>=8k"]
     assert RequestRecord("r", 1, 0.0, prompt_tokens=3000).class_name == "prompt:2k-8k"
     assert RequestRecord("r", 1, 0.0, prompt_tokens=3000, traffic_class="chat").class_name == "chat"
+
+
+def test_the_operator_s_header_wins_over_baggage_and_no_header_claims_a_reserved_name() -> None:
+    both = {"baggage": "traffic_class=a", "x-tenant": "b"}
+    assert classes.from_headers(both, "X-Tenant") == "b"  # the gateway's header, whatever the client's baggage says
+    assert classes.from_headers({**both, "x-tenant": "not a label"}, "X-Tenant") is None  # baggage does not stand in
+    assert classes.from_headers({"baggage": "traffic_class=a"}, "X-Tenant") == "a"  # a request without the header
+    assert classes.from_headers(both, None) == "a" and classes.from_headers({"x-tenant": "b"}, None) is None
+    for reserved in ("other", "OTHER", "prompt:<256", "prompt:x", "model:llama", "Model:x"):
+        assert classes.from_baggage(f"traffic_class={quote(reserved)}") is None, reserved
+        assert classes.from_headers({"baggage": "traffic_class=a", "x-tenant": reserved}, "X-Tenant") is None
+    assert [classes.claimed(n) for n in ("others", "model-x", "tenant:prompt:1")] == [
+        "others", "model-x", "tenant:prompt:1"]
+
+
+def test_a_class_unseen_for_ten_windows_gives_its_row_to_a_new_name() -> None:
+    clock = Clock()
+    hub = Hub(window_s=10, clock=clock, max_classes=3)
+    record(hub, "acme0", "acme", (1, 1))
+    for i in range(20):  # a burst of invented names takes the free rows; the rest fold into other
+        record(hub, f"junk{i}", f"n{i}", (1, 1))
+    clock.t += 99
+    record(hub, "acme1", "acme", (1, 1))
+    record(hub, "beta0", "beta", (1, 1))  # the burst is 99 s old: no row is idle yet
+    clock.t += 1  # 10 windows: the burst's rows go, least recently seen first, to new names
+    record(hub, "beta1", "beta", (1, 1))
+    record(hub, "gamma", "gamma", (1, 1))
+    record(hub, "delta", "delta", (1, 1))  # acme was seen a second ago: its row stays
+    snap = hub.snapshot()
+    assert {c.name: c.lifetime.requests for c in snap.classes} == {"acme": 2, "beta": 1, "gamma": 1, "other": 20}
+    # A name coming back after its row was given up starts afresh, its old window included.
+    clock.t += 150
+    record(hub, "n0", "n0", (1, 1))  # takes acme's row, the least recently seen
+    by = {c.name: c for c in hub.snapshot(window_s=300).classes}
+    assert "acme" not in by and by["n0"].lifetime.requests == by["n0"].window.requests == 1
+    # The idle time follows the hub's window.
+    record(hub, "beta2", "beta", (1, 1))
+    record(hub, "gamma1", "gamma", (1, 1))
+    hub.set_window(1)
+    clock.t += 10
+    record(hub, "zeta", "zeta", (1, 1))
+    assert {c.name for c in hub.snapshot().classes} == {"zeta", "beta", "gamma", "other"}
+
+
+def test_a_late_part_of_a_request_whose_class_row_was_given_up_takes_nothing_from_another() -> None:
+    clock = Clock()
+    hub = Hub(window_s=1, clock=clock, max_classes=1)
+    record(hub, "r", "a", (1, 1))
+    clock.t += 10
+    record(hub, "s", "b", (0, 1))  # a's row (and r's counts) go to b
+    hub.requests.record("r", traffic_class="a")  # r's late part: a has no row now, so r is counted as other
+    by = {c.name: c.lifetime for c in hub.snapshot().classes}
+    assert {name: (c.requests, c.accepted) for name, c in by.items()} == {"b": (1, 1), "other": (1, 1)}
 
 
 def test_counts_by_class_window_and_lifetime_sum_to_the_requests() -> None:

@@ -16,8 +16,9 @@ plugin's records are complete and the middleware records nothing. Otherwise it r
 for ``stream_options.include_usage``) and joins them to the plugin's records. Every message is passed on before
 it is looked at, so a response is never delayed; text is never kept.
 
-Each completion request's traffic class is read from its headers (the W3C ``baggage`` member ``traffic_class``,
-else the header named by ``SPECSCOPE_CLASS_HEADER``) and set for vLLM's ``add_request``, where the hook notes it.
+Each completion request's traffic class is read from its headers (the header named by ``SPECSCOPE_CLASS_HEADER``
+where it has it, else the W3C ``baggage`` member ``traffic_class``) and set for vLLM's ``add_request``, where the
+hook notes it.
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ class SpecscopeMiddleware:
         self.serve = os.environ.get("SPECSCOPE_SNAPSHOT", "on").lower() not in ("off", "0", "false", "no")
         self.join = not vllm_hook.installed() if join is None else join
         named = os.environ.get("SPECSCOPE_CLASS_HEADER", "").strip().lower()
-        #: The header the operator names for a request's class (e.g. ``x-tenant``), after ``baggage``.
+        #: The header the operator names for a request's class (e.g. ``x-tenant``), before ``baggage``.
         self.class_header = named.encode("latin-1") if named else None
         if self.join:
             self.hub.requests.expect_parts(2)
@@ -171,7 +172,7 @@ class SpecscopeMiddleware:
             vllm_hook.TRAFFIC_CLASS.reset(token)
 
     def _traffic_class(self, scope: Scope) -> str | None:
-        """The request's class from its headers: the ``baggage`` member, else the operator's named header."""
+        """The request's class from its headers: the operator's named header, else the ``baggage`` member."""
         try:
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or ()
                        if k in _CLASS_HEADERS or k == self.class_header}

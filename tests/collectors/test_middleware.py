@@ -130,7 +130,7 @@ def test_with_the_hook_in_place_completions_pass_untouched_and_unrecorded() -> N
     assert body(sent) == completion("z") and hub.snapshot().requests == ()
 
 
-def test_a_request_s_class_comes_from_baggage_else_the_named_header(monkeypatch: Any) -> None:
+def test_a_request_s_class_comes_from_the_named_header_else_baggage(monkeypatch: Any) -> None:
     from specscope.collectors import vllm_hook
 
     monkeypatch.setenv("SPECSCOPE_CLASS_HEADER", "X-Tenant")
@@ -145,10 +145,11 @@ def test_a_request_s_class_comes_from_baggage_else_the_named_header(monkeypatch:
     hooked = SpecscopeMiddleware(app, hub=hub, argv=[], join=False)
     call(hooked, "/v1/completions", headers=[(b"baggage", b"user=7,traffic_class=code%2Fpython;ttl=1"),
                                              (b"x-tenant", b"acme")])
-    call(hooked, "/v1/chat/completions", headers=[(b"x-tenant", b"acme")])
+    call(hooked, "/v1/completions", headers=[(b"baggage", b"user=7,traffic_class=code%2Fpython;ttl=1")])
+    call(hooked, "/v1/chat/completions", headers=[(b"x-tenant", b"acme"), (b"baggage", b"traffic_class=other")])
     call(hooked, "/v1/completions", headers=[(b"x-tenant", b"no spaces allowed")])
     call(hooked, "/v1/completions")
-    assert seen == ["code/python", "acme", None, None] and vllm_hook.TRAFFIC_CLASS.get() is None
+    assert seen == ["acme", "code/python", "acme", None, None] and vllm_hook.TRAFFIC_CLASS.get() is None
     joined = SpecscopeMiddleware(app, hub=hub, argv=[], join=True)  # no hook: the response's part carries it
     call(joined, "/v1/completions", headers=[(b"x-tenant", b"acme")])
     (rec,) = hub.snapshot().requests

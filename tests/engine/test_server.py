@@ -310,7 +310,7 @@ def test_request_spans_continue_the_callers_trace_and_link_to_vllms_span(server:
 
 
 def test_each_request_s_traffic_class_comes_from_its_headers(server: tuple[str, int]) -> None:
-    """baggage's ``traffic_class`` first, then the operator's header (``SPECSCOPE_CLASS_HEADER=X-Tenant``), else the
+    """The operator's header (``SPECSCOPE_CLASS_HEADER=X-Tenant``) first, then baggage's ``traffic_class``, else the
     prompt-length bucket; on completions, streams and chat alike."""
     url, _ = server
     model = httpx.get(f"{url}/v1/models", headers=AUTH, timeout=10).json()["data"][0]["id"]
@@ -319,7 +319,7 @@ def test_each_request_s_traffic_class_comes_from_its_headers(server: tuple[str, 
     for prompt, headers, want in [("river stone garden light", {"baggage": "user=1,traffic_class=code"}, "code"),
                                   ("engine token draft model", {"X-Tenant": "acme"}, "acme"),
                                   ("window signal metric", {"baggage": "traffic_class=code", "X-Tenant": "acme"},
-                                   "code"),
+                                   "acme"),
                                   ("stone river light", {"X-Tenant": "not a label"}, None)]:
         r = httpx.post(f"{url}/v1/completions", headers={**AUTH, **headers}, json={**body, "prompt": prompt},
                        timeout=120).json()
