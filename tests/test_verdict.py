@@ -28,6 +28,7 @@ from specscope.verdict import (
     save_profile,
     schedule_config,
     schedule_text,
+    verify_cost,
 )
 
 SETUP = EngineSetup(model="/m/target", architecture="LlamaForCausalLM layers=12", dtype="float32", device="cpu",
@@ -303,6 +304,36 @@ def test_model_free_methods_get_a_verify_cost_never_zero() -> None:
     eight = estimate(hub.snapshot())
     assert eight is not None and eight.c_basis == "verify model" and 0 < eight.c < 1
     assert "fitted over 2 batch sizes" in eight.c_source
+
+
+def test_the_verify_cost_takes_draft_tokens_and_request_steps_from_one_interval() -> None:
+    """An hour of lifetime drafting 4 tokens a request-step, then a window drafting 1: c comes from the window's
+    numbers alone (mixing the window's drafts with the lifetime's request-steps gave 0.66 where 0.50 is right)."""
+    clock = Clock()
+    hub = Hub(window_s=60, clock=clock)
+    hub.set_engine(EngineInfo(num_speculative_tokens=4, method="ngram"))
+
+    def decode(batch: int, dt: float, n: int, drafting: int) -> None:
+        """``n`` decode steps of ``batch`` requests, ``drafting`` of which draft 4 tokens (none accepted)."""
+        for _ in range(n):
+            clock.t += dt
+            hub.record_step(StepStats(running=batch, waiting=0, generation_tokens=batch, batch=batch, decode_s=dt,
+                                      num_spec_tokens=4, drafts=drafting, draft_tokens=4 * drafting,
+                                      accepted_per_pos=[0] * 4, draft_tokens_per_pos=[drafting] * 4,
+                                      rejections=drafting))
+
+    decode(4, 0.020, 1000, 4)
+    decode(8, 0.030, 1000, 8)
+    clock.t += 3600
+    decode(4, 0.020, 50, 1)
+    decode(8, 0.030, 50, 2)
+    # T(b) = 10 ms + β·b·p with p = 1 + drafts per request-step, so c(8) = 2 / (p + 2).
+    window = verify_cost(hub.snapshot(), 8)
+    assert "fitted over 2 batch sizes" in window.source
+    assert window.value == pytest.approx(2 / (2 + 2))  # p = 1 + 600 / 600
+    clock.t += 120  # the window holds no steps: the lifetime's numbers, all of them
+    lifetime = verify_cost(hub.snapshot(), 8)
+    assert lifetime.value == pytest.approx(2 / (1 + 48_600 / 12_600 + 2))
 
 
 def test_observed_tokens_per_step_beat_the_alpha_model_at_the_running_k() -> None:

@@ -73,12 +73,17 @@ def verify_cost(snap: Snapshot, batch_size: int) -> CostRatio:
     """c for a model-free method without a baseline: the verification of K+1 tokens per request, modelled.
 
     The live step times T(b) are fitted as T0 + β·(tokens a step verifies); without speculation a step would
-    verify one token per request, so c(b) = β·b / (T0 + β·b). With fewer than two batch sizes to fit, c is the
-    assumed :data:`ASSUMED_VERIFY_COST`.
+    verify one token per request, so c(b) = β·b / (T0 + β·b). Draft tokens, request-steps and step times all come
+    from one interval: the window where it drafted and has two batch sizes to fit, else the lifetime. With fewer
+    than two batch sizes to fit, c is the assumed :data:`ASSUMED_VERIFY_COST`.
     """
     k = snap.engine.k_at(batch_size) or 1
-    spec = spec_counts(snap)
-    times = [t for t in snap.lifetime.step_times.times if t.steps >= MIN_STEPS]
+    interval = snap.window
+    times = [t for t in interval.step_times.times if t.steps >= MIN_STEPS]
+    if len(times) < 2 or not (interval.spec and interval.spec.drafts):
+        interval = snap.lifetime
+        times = [t for t in interval.step_times.times if t.steps >= MIN_STEPS]
+    spec = interval.spec
     request_steps = sum(t.steps * t.batch_size for t in times)
     per_request = 1.0 + (spec.draft_tokens / request_steps if spec is not None and request_steps else k)
     if len(times) >= 2:
