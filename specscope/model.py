@@ -388,8 +388,13 @@ class GpuMemory:
 
 #: vLLM rejection-sampling methods that accept more than exact verification would (no counter tells them apart).
 LOSSY_REJECTION_METHODS = frozenset({"fly"})
-#: Methods vLLM 0.33 keeps ``num_speculative_tokens_per_batch_size`` for (it drops the schedule for the others).
-SCHEDULABLE_METHODS = frozenset({"ngram", "eagle", "eagle3", "mtp", "draft_model", "dflash"})
+#: Methods whose proposer drafts the K that vLLM's ``num_speculative_tokens_per_batch_size`` schedules. vLLM 0.32
+#: hands every proposer but ``custom_class`` the scheduled K (v1/worker/gpu_model_runner.py:4748), but suffix,
+#: ngram_gpu, medusa and extract_hidden_states assert it is ``num_speculative_tokens`` (v1/spec_decode/
+#: suffix_decoding.py:43, ngram_proposer_gpu.py:340): a range with a lower K fails the engine. n-gram takes any K up
+#: to it (ngram_proposer.py:148), the model-based proposers set it each step (llm_base_proposer.py:532; dspark runs
+#: the EAGLE proposer).
+SCHEDULABLE_METHODS = frozenset({"ngram", "eagle", "eagle3", "mtp", "draft_model", "dflash", "dspark"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -167,8 +167,13 @@ def spec_panel(snap: Snapshot | None, threshold: float, history: list[float] | N
         if line:
             t.append(line + "\n")
             config = recommended_config(snap)
-            t.append("K schedule: " + ("remove speculative_config: no K pays" if config is None else
-                                       json.dumps(config["num_speculative_tokens_per_batch_size"])) + "\n")
+            if config is None:
+                advice = "remove speculative_config: no K pays"
+            elif "num_speculative_tokens_per_batch_size" in config:
+                advice = json.dumps(config["num_speculative_tokens_per_batch_size"])
+            else:  # a method vLLM takes no schedule for: one K
+                advice = f"none for {snap.engine.method} in vLLM; run K={config['num_speculative_tokens']}"
+            t.append(f"K schedule: {advice}\n")
     return t
 
 
