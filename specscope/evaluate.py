@@ -233,6 +233,8 @@ class Choice:
     #: The K for vLLM's schedule: a K = 0 range priced at what it costs (the draft still runs a pass a step).
     k: int
     expected: float
+    #: specscope's price of a K = 0 range here; None where it has none, and the schedule keeps the best K measured.
+    k0_price: float | None = None
 
 
 @dataclass
@@ -299,8 +301,8 @@ def choose_schedule(cand: Candidate, batch_sizes: Sequence[int], max_batch: int)
     """The best K at each batch size measured and vLLM's schedule from it; None before anything was measured.
 
     A measured batch size's K holds from it to the next one measured (the first from batch 1, the last to
-    ``max_batch``). A K = 0 range costs what specscope's estimate prices it at (1.0 where unpriced); where no K
-    pays at any batch size, the advice is to run without speculation (``config`` None).
+    ``max_batch``). A K = 0 range costs what specscope's estimate prices it at, and is never scheduled where it
+    has no price; where no K pays at any batch size, the advice is to run without speculation (``config`` None).
     """
     choices = []
     for b in sorted(batch_sizes):
@@ -309,9 +311,9 @@ def choose_schedule(cand: Candidate, batch_sizes: Sequence[int], max_batch: int)
             continue
         k, speedup = best
         prices = [run.k0_price[b] for run in cand.runs.values() if b in run.k0_price]
-        k0 = statistics.median(prices) if prices else 1.0
-        choices.append(Choice(b, k if speedup > 1.0 else 0, max(speedup, 1.0),
-                              k if speedup >= k0 else 0, max(speedup, k0)))
+        k0 = statistics.median(prices) if prices else None
+        scheduled, expected = (0, k0) if k0 is not None and k0 > speedup else (k, speedup)
+        choices.append(Choice(b, k if speedup > 1.0 else 0, max(speedup, 1.0), scheduled, expected, k0))
     if not choices:
         return None
     ranges: list[tuple[int, int, int]] = []
@@ -538,7 +540,8 @@ def to_dict(ev: Evaluation) -> dict[str, Any]:
             } for k, run in sorted(c.runs.items())},
             "schedule": None if sched is None else {
                 "best": {str(ch.batch_size): {"best_k": ch.best_k, "best_speedup": _r(ch.best_speedup),
-                                              "schedule_k": ch.k, "expected": _r(ch.expected)}
+                                              "schedule_k": ch.k, "expected": _r(ch.expected),
+                                              "k0_price": _r(ch.k0_price)}
                          for ch in sched.choices},
                 "ranges": [list(r) for r in sched.ranges],
                 "speculative_config": sched.config,
@@ -558,8 +561,10 @@ def _verdict(sched: Schedule) -> str:
     losing = [c for c in sched.choices if c.best_k == 0]
     if not losing:
         return "speculate with this schedule"
+    unpriced = [str(c.batch_size) for c in losing if c.k0_price is None]
     return ("speculate with this schedule; at batch " + ", ".join(str(c.batch_size) for c in losing)
             + " no K pays, and its range there is not plain speed (" + ", ".join(f"{c.expected:.2f}x" for c in losing)
+            + (f"; K = 0 unpriced at batch {', '.join(unpriced)}: the best K measured kept" if unpriced else "")
             + "): if the engine runs there most, run without speculation instead")
 
 
@@ -805,7 +810,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="JSON lines ({\"prompt\": ...} or {\"messages\": [...]}, optional \"class\" and "
                         "\"max_tokens\"), or ShareGPT JSON (each conversation's first human turn)")
     parser.add_argument("--batch-sizes", default="1,4,16", help="comma-separated batch sizes (default 1,4,16)")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds per measurement; the median is kept (default 2)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per measurement; the median is kept (default 3)")
     parser.add_argument("--window-s", type=float, default=10.0,
                         help="seconds each measurement holds its batch full (default 10)")
     parser.add_argument("--max-tokens", type=int, default=128,

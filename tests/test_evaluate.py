@@ -211,6 +211,24 @@ def test_schedule_best_k_by_batch_size_and_k0_priced() -> None:
     assert evaluate.choose_schedule(Candidate("none", "ngram"), [1, 8], 16) is None
 
 
+def test_an_unpriced_k0_range_is_never_scheduled_and_rounds_default_to_3() -> None:
+    """Without specscope's price a K = 0 range is not assumed to run at 1.0x: the best K measured stays, at its
+    measured speed, and the verdict says K = 0 had no price there."""
+    import argparse
+
+    c = cand("unpriced", {2: {1: [1.3], 8: [0.8]}}, k0=None)
+    c.schedule = sched = evaluate.choose_schedule(c, [1, 8], 16)
+    assert sched is not None and sched.ranges == [(1, 16, 2)] and sched.same_as_k == 2
+    eight = sched.choices[1]
+    assert (eight.best_k, eight.k, eight.k0_price) == (0, 2, None) and eight.expected == pytest.approx(0.8)
+    assert "not plain speed (0.80x; K = 0 unpriced at batch 8: the best K measured kept)" in evaluate._verdict(sched)
+    best = evaluate.to_dict(Evaluation("t", {"batch_sizes": [1, 8]}, [c]))["candidates"][0]["schedule"]["best"]
+    assert best["8"]["k0_price"] is None and best["1"]["k0_price"] is None
+    parser = argparse.ArgumentParser()
+    evaluate.add_arguments(parser)
+    assert parser.parse_args(["target", "--prompts", "p.jsonl"]).rounds == 3  # a median of 3, not a mean of 2
+
+
 def test_ranking_by_the_geometric_mean_of_the_best_speedups() -> None:
     good, weak = cand("good", GOOD), cand("weak", WEAK)
     ngram = cand("ngram", {2: {1: [1.9], 8: [1.0]}}, method="ngram", k0=None)  # 1.38 against good's 1.53
