@@ -1,4 +1,5 @@
-"""Shared fixtures: the tiny model family and real vLLM engines, one alive at a time."""
+"""Shared fixtures: the tiny model family and real vLLM engines, one alive at a time; ``--quick`` leaves out every
+test marked ``engine`` (all of tests/engine/) or ``server``."""
 
 from __future__ import annotations
 
@@ -17,6 +18,24 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 #: Engine settings that work on a 2-core CPU machine (see ../shared/notes/vllm.md).
 ENGINE_KW: dict[str, Any] = {"enforce_eager": True, "dtype": "float32", "max_model_len": 512, "seed": 0}
 K = 4
+#: Every test under here drives a real vLLM engine or server: marked ``engine``.
+ENGINE_TESTS = Path(__file__).parent / "engine"
+#: The markers ``--quick`` leaves out.
+SLOW_MARKERS = ("engine", "server")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--quick", action="store_true",
+                     help="the inner loop: leave out the tests that start a vLLM engine or a server process")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "server: starts Debian's prometheus, alertmanager or victoria-metrics")
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    if ENGINE_TESTS in item.path.parents:
+        item.add_marker(pytest.mark.engine)
 
 
 @pytest.fixture(scope="session")
@@ -154,10 +173,18 @@ def start_prometheus(jobs: dict[str, str], tmp: Path, up_within_s: float = 90,
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run each engine configuration's tests together. pytest groups a module-scoped parametrized fixture by the
-    *index* of its parameter, and an indirect parametrization (``["copy"]``) numbers from 0 again, so each such
-    test would restart an engine (~35 s). Within a module the tests are stably sorted by their ``run`` value."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With ``--quick``, leave out the tests marked :data:`SLOW_MARKERS`. Then run each engine configuration's tests
+    together: pytest groups a module-scoped parametrized fixture by the *index* of its parameter, and an indirect
+    parametrization (``["copy"]``) numbers from 0 again, so each such test would restart an engine (~35 s). Within
+    a module the tests are stably sorted by their ``run`` value."""
+    if config.getoption("quick"):
+        kept: list[pytest.Item] = []
+        slow: list[pytest.Item] = []
+        for item in items:
+            (slow if any(item.get_closest_marker(m) for m in SLOW_MARKERS) else kept).append(item)
+        config.hook.pytest_deselected(items=slow)
+        items[:] = kept
     start = 0
     while start < len(items):
         end = start

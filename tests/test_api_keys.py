@@ -68,6 +68,7 @@ def test_the_plugins_endpoint_takes_its_key_from_specscope_api_key() -> None:
     assert r.returncode == 0 and "behind SPECSCOPE_API_KEY" in r.stdout and KEY not in r.stdout + r.stderr
 
 
+@pytest.mark.server
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="Debian's prometheus not installed")
 def test_prometheus_scrapes_a_keyed_endpoint_with_its_authorization_setting(keyed: Endpoint, tmp_path: Path) -> None:
     target = keyed.url.removeprefix("http://")

@@ -126,6 +126,7 @@ def test_promtool_check_metrics_accepts_the_exposition(served: tuple[Hub, Endpoi
     assert r.returncode == 0 and r.stdout.strip() == "" and r.stderr.strip() == "", r.stdout + r.stderr
 
 
+@pytest.mark.server
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="Debian's prometheus not installed")
 def test_real_prometheus_scrapes_the_snapshot_values(served: tuple[Hub, Endpoint], tmp_path: Path) -> None:
     hub, endpoint = served

@@ -152,6 +152,7 @@ def test_threshold_files_and_bad_configuration(tmp_path: Path) -> None:
         load_thresholds(tmp_path / "missing.json")
 
 
+@pytest.mark.server
 @pytest.mark.skipif(shutil.which("prometheus-alertmanager") is None, reason="Debian's prometheus-alertmanager absent")
 def test_webhook_reaches_a_real_alertmanager(tmp_path: Path) -> None:
     port = free_port()

@@ -23,6 +23,7 @@ from specscope.fleet import Target
 from tests.conftest import free_port, start_prometheus
 
 FIXTURE = (Path(__file__).resolve().parent.parent / "fixtures" / "vllm_metrics.txt").read_text()
+pytestmark = pytest.mark.server
 #: Prometheus-compatible storages, each from Debian: a test runs against every one.
 STORAGES = ["prometheus", "victoriametrics"]
 
