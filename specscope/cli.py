@@ -196,7 +196,8 @@ def _calibrate(args: argparse.Namespace) -> int:
         mean = sum(len(p["prompt_token_ids"]) for p in workload.prompts) / len(workload.prompts)
         print(f"on {len(workload.prompts)} prompts of {args.prompts} (mean {mean:.0f} prompt tokens)")
     for t in profile.times:
-        print(f"batch {t.batch_size:>4}: {1e3 * t.mean_s:8.2f} ms per decode step ({t.steps} steps)")
+        print(f"batch {t.batch_size:>4}: {1e3 * t.mean_s:8.2f} ms per decode step ({t.steps} steps) at "
+              f"{t.context:.0f} tokens of context, +{1e6 * t.context_slope:.1f} us per token more")
     print(f"wrote {args.out}; pass it as specscope.LLM(..., specscope_baseline=...) or SPECSCOPE_BASELINE")
     return 0
 
@@ -315,9 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--batch-sizes", default="1,2,4,8,16", help="comma-separated batch sizes (default 1,2,4,8,16)")
     cal.add_argument("--tokens", type=int, default=64, help="tokens generated per request (default 64)")
     cal.add_argument("--prompts", metavar="FILE",
-                     help="calibrate on these prompts (the formats specscope evaluate takes): a decode step's time "
-                          "grows with the context, so a baseline of short prompts is too fast for long-context "
-                          "traffic (default: short generated prompts)")
+                     help="calibrate on these prompts (the formats specscope evaluate takes) and a contrast set of "
+                          "other lengths: a decode step's time grows with the context, and the verdict prices it at "
+                          "the live engine's context (default: short generated prompts, and long ones)")
     cal.add_argument("--out", default="specscope-baseline.json", help="file to write")
     cal.add_argument("--engine-arg", action="append", metavar="NAME=VALUE",
                      help="a vllm.LLM argument; VALUE is JSON when it parses (e.g. max_model_len=512)")

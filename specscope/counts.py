@@ -134,8 +134,9 @@ Timing = tuple[int, float, bool]
 
 
 #: The columns of a batch size's row in :attr:`Counts.batches`: decode steps, their seconds and tokens; steps carrying
-#: prefill, their seconds and tokens, and the first tokens in them (requests whose prefill ended).
-DECODE_STEPS, DECODE_S, DECODE_TOKENS, PREFILL_STEPS, PREFILL_S, PREFILL_TOKENS, FIRST_TOKENS = range(7)
+#: prefill, their seconds and tokens, and the first tokens in them (requests whose prefill ended); the decode steps'
+#: context per request, summed over them (0 for a step whose context is unknown).
+DECODE_STEPS, DECODE_S, DECODE_TOKENS, PREFILL_STEPS, PREFILL_S, PREFILL_TOKENS, FIRST_TOKENS, DECODE_CONTEXT = range(8)
 
 
 class StepTimer:
@@ -195,15 +196,17 @@ class Counts:
         self.dt_per_pos[:] = [0] * len(self.dt_per_pos)
         self.batches.clear()
 
-    def add_steps(self, steps: StepBatch, timings: Sequence[Timing | None]) -> None:
-        """Add consecutive steps of one engine, each with its timing (None: untimed)."""
+    def add_steps(self, steps: StepBatch, timings: Sequence[Timing | None], contexts: Sequence[float]) -> None:
+        """Add consecutive steps of one engine, each with its timing (None: untimed) and the tokens each of its
+        requests attended over (0.0: unknown)."""
         self.scalars[:] = map(operator.add, self.scalars, (len(steps.times), *map(sum, _SUMMED(steps))))
         drafts = steps.drafts
         if any(drafts):
             _add_into(self.per_pos, _column_sums(list(itertools.compress(steps.accepted_per_pos, drafts))))
             _add_into(self.dt_per_pos, _column_sums(list(itertools.compress(steps.draft_tokens_per_pos, drafts))))
         batches = self.batches
-        for timing, generated, first in zip(timings, steps.generation_tokens, steps.first_tokens, strict=True):
+        for timing, generated, first, context in zip(timings, steps.generation_tokens, steps.first_tokens, contexts,
+                                                     strict=True):
             if timing is None:
                 continue
             batch, seconds, decode = timing
@@ -211,11 +214,12 @@ class Counts:
             if row is None:
                 if len(batches) >= MAX_BATCH_SIZES:
                     continue
-                row = batches[batch] = [0, 0.0, 0, 0, 0.0, 0, 0]
+                row = batches[batch] = [0, 0.0, 0, 0, 0.0, 0, 0, 0.0]
             if decode:
                 row[DECODE_STEPS] += 1
                 row[DECODE_S] += seconds
                 row[DECODE_TOKENS] += generated
+                row[DECODE_CONTEXT] += context
             else:
                 row[PREFILL_STEPS] += 1
                 row[PREFILL_S] += seconds
@@ -248,8 +252,9 @@ class Counts:
                 draft_tokens_per_pos=_pad(self.dt_per_pos, k),
                 rejections=c["rejections"],
             )
-        times = tuple(StepTime(b, int(n), t / n if n else 0.0, int(tok), int(pn), ps, int(ptok), int(first))
-                      for b, (n, t, tok, pn, ps, ptok, first) in sorted(self.batches.items()))
+        times = tuple(StepTime(b, int(n), t / n if n else 0.0, int(tok), int(pn), ps, int(ptok), int(first),
+                               ctx / n if n else 0.0)
+                      for b, (n, t, tok, pn, ps, ptok, first, ctx) in sorted(self.batches.items()))
         return Totals(
             seconds=seconds,
             steps=c["steps"],

@@ -3,52 +3,90 @@ writes) and its output tokens/s with the batch held full (what the verdict's spe
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from specscope.collectors.vllm_engine import traffic_class
 from specscope.model import StepProfile, StepTime
+from specscope.verdict.baseline import merge_profiles
+
+#: The longest contrast context :func:`measure_step_times` calibrates at (tokens a request attends over).
+MAX_CONTRAST_CONTEXT = 2048
 
 
 def measure_step_times(llm: Any, batch_sizes: Sequence[int], tokens: int = 64, rounds: int = 2,
-                       prompts: Sequence[Any] | None = None) -> StepProfile:
+                       prompts: Sequence[Any] | None = None, contexts: int = 2) -> StepProfile:
     """Run greedy batches of each size for ``tokens`` tokens and return the engine's decode-step times.
 
     On an engine without speculation this is the baseline that turns a speculative engine's step times into a
     measured cost ratio (``specscope calibrate`` writes it to a file, with the engine's setup). Every request
     generates exactly ``tokens`` tokens, so each batch keeps its size to the end. One short untimed round first
-    warms the engine up (a fresh engine's first steps are slower). A decode step's time grows with the context it
-    attends over, so ``prompts`` (text or vLLM prompts, taken in turn) should be like the workload's: a baseline
-    of short prompts is too fast for long-context traffic, and c then comes out too high.
+    warms the engine up (a fresh engine's first steps are slower).
+
+    A decode step's time grows with the context its requests attend over, so each batch size is timed at two
+    contexts (``contexts=1``: one): ``prompts`` (default: short generated ones) and long ones (or short ones, where
+    ``prompts`` are long already). Each row keeps the first context's time, the context it was measured at, the
+    slope in between (``context_slope``) and, with two rounds or more, the rounds' spread: the verdict prices a
+    plain step at the context the live engine runs at.
     """
     from vllm import SamplingParams
 
-    def batch(b: int) -> list[Any]:
-        if prompts:
-            return [prompts[i % len(prompts)] for i in range(b)]
-        return [f"calibration prompt {i}: the quick brown fox" for i in range(b)]
+    from specscope import intervals
 
-    def run(max_tokens: int) -> None:
+    reference = list(prompts) if prompts else [f"calibration prompt {i}: the quick brown fox" for i in range(64)]
+    sets = [reference] + ([_contrast(llm, reference, tokens, max(batch_sizes))] if contexts > 1 else [])
+
+    def run(max_tokens: int, chosen: list[Any]) -> StepProfile:
+        before = llm.snapshot().lifetime.step_times
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         for b in batch_sizes:
-            llm.generate(batch(b), params, use_tqdm=False)
+            llm.generate([chosen[i % len(chosen)] for i in range(b)], params, use_tqdm=False)
+        return intervals.since(llm.snapshot().lifetime.step_times, before)
 
-    run(8)
-    before = {t.batch_size: t for t in llm.snapshot().lifetime.step_times.times}
+    run(8, reference)
+    measured: list[list[StepProfile]] = [[] for _ in sets]
     for _ in range(rounds):
-        run(tokens)
-    snap = llm.snapshot()
+        for i, chosen in enumerate(sets):
+            measured[i].append(run(tokens, chosen))
+    merged = [merge_profiles(m) for m in measured]
+    contrast = {t.batch_size: t for t in merged[-1].times} if len(merged) > 1 else {}
     times = []
-    for t in snap.lifetime.step_times.times:
-        if t.batch_size not in batch_sizes:
+    for t in merged[0].times:
+        if t.batch_size not in batch_sizes or not t.steps:
             continue
-        old = before.get(t.batch_size)
-        steps = t.steps - (old.steps if old else 0)
-        if steps > 0:
-            seconds = t.steps * t.mean_s - (old.steps * old.mean_s if old else 0.0)
-            times.append(StepTime(t.batch_size, steps, seconds / steps))
+        other = contrast.get(t.batch_size)
+        slope = 0.0
+        if other is not None and other.steps and t.context and other.context and other.context != t.context:
+            slope = max(0.0, (other.mean_s - t.mean_s) / (other.context - t.context))
+        means = [r.mean_s for m in measured[0] for r in m.times if r.batch_size == t.batch_size and r.steps]
+        spread = statistics.stdev(means) / t.mean_s if len(means) > 1 and t.mean_s > 0 else 0.0
+        times.append(StepTime(t.batch_size, t.steps, t.mean_s, context=t.context, context_slope=slope, spread=spread))
+    snap = llm.snapshot()
     return StepProfile(tuple(times), f"measured on {snap.engine.model}", snap.engine.setup)
+
+
+def _contrast(llm: Any, reference: Sequence[Any], tokens: int, batch: int) -> list[Any]:
+    """Prompts whose context is far from ``reference``'s: long ones (up to half the model's length, what the KV
+    cache holds for ``batch`` requests and :data:`MAX_CONTRAST_CONTEXT`), or short ones where ``reference`` is long
+    already."""
+    tokenizer = llm.get_tokenizer()
+    lengths = [len(p["prompt_token_ids"]) if isinstance(p, dict) and "prompt_token_ids" in p
+               else len(tokenizer.encode(p)) if isinstance(p, str) else 0 for p in reference]
+    mean = sum(lengths) / len(lengths) if lengths else 0.0
+    config = llm.llm_engine.vllm_config
+    room = config.model_config.max_model_len // 2
+    blocks, block = config.cache_config.num_gpu_blocks, config.cache_config.block_size
+    if blocks and block:
+        room = min(room, (blocks - 1) * block // batch - tokens - block)
+    long = min(room, MAX_CONTRAST_CONTEXT) - tokens
+    if mean >= long / 2:
+        return [f"calibration prompt {i}" for i in range(64)]
+    unit = tokenizer.encode("the quick brown fox jumps over the lazy dog and runs back again. ",
+                            add_special_tokens=False)
+    body = (unit * (long // max(1, len(unit)) + 1))[:long]
+    return [{"prompt_token_ids": tokenizer.encode(f"{i}:", add_special_tokens=False)[:4] + body} for i in range(64)]
 
 
 def steady_throughput(llm: Any, batch: int, seconds: float, prompts: Sequence[Any], tokens: int | Sequence[int] = 96,

@@ -114,6 +114,15 @@ class StepTime:
     prefill_s: float = 0.0
     prefill_tokens: int = 0
     first_tokens: int = 0
+    #: Tokens a request attended over in the decode steps (its prompt and output so far), averaged over them; 0.0
+    #: where not recorded.
+    context: float = field(default=0.0, metadata={"combine": "mean", "weight": "steps"})
+    #: A baseline's seconds per decode step per token of context a request attends over, measured at two contexts
+    #: (:func:`specscope.measure.measure_step_times`); 0.0 where not measured.
+    context_slope: float = field(default=0.0, metadata={"combine": "mean", "weight": "steps"})
+    #: A baseline's relative spread of ``mean_s`` between its calibration rounds (standard deviation / mean); 0.0
+    #: where unknown.
+    spread: float = field(default=0.0, metadata={"combine": "mean", "weight": "steps"})
 
     @property
     def tokens_per_request_step(self) -> float | None:
@@ -166,9 +175,11 @@ class StepProfile:
         """The measurement at exactly ``batch_size`` when it has ``min_steps`` decode steps."""
         return next((t for t in self.times if t.batch_size == batch_size and t.steps >= min_steps), None)
 
-    def at(self, batch_size: int, min_steps: int = 3) -> float | None:
-        """Step time at ``batch_size``: measured, or interpolated between the nearest measured sizes; else None."""
-        pts = sorted((t.batch_size, t.mean_s) for t in self.times if t.steps >= min_steps)
+    def at(self, batch_size: int, min_steps: int = 3, context: float | None = None) -> float | None:
+        """Step time at ``batch_size``: measured, or interpolated between the nearest measured sizes; else None.
+        With ``context`` (tokens a request attends over), each measured size's time is first moved to that context
+        along its ``context_slope`` (where measured)."""
+        pts = sorted((t.batch_size, _at_context(t, context)) for t in self.times if t.steps >= min_steps)
         for (b0, t0), (b1, t1) in itertools.pairwise(pts):
             if b0 < batch_size < b1:
                 return t0 + (t1 - t0) * (batch_size - b0) / (b1 - b0)
@@ -179,6 +190,14 @@ class StepProfile:
         A draining batch's last steps, or a request prefilled alone before its batch joined, do not move it."""
         best = max(self.times, key=lambda t: t.steps * t.mean_s, default=None)
         return best.batch_size if best is not None and best.steps else None
+
+
+def _at_context(t: StepTime, context: float | None) -> float:
+    """``t.mean_s`` moved along ``t.context_slope`` from ``t.context`` to ``context`` (never below a quarter of it:
+    a step costs more than its attention)."""
+    if not context or not t.context or not t.context_slope:
+        return t.mean_s
+    return max(0.25 * t.mean_s, t.mean_s + t.context_slope * (context - t.context))
 
 
 @dataclass(frozen=True, slots=True)

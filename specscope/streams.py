@@ -88,6 +88,7 @@ class EngineStream:
         """Add consecutive steps of this engine (the caller holds the lock); the steps of one second are added
         to its bucket together."""
         timings = self.timer.time(steps)
+        contexts = self._contexts(steps)
         times = steps.times
         seconds = list(map(int, times))
         start, n = 0, len(seconds)
@@ -98,12 +99,13 @@ class EngineStream:
                 end += 1
             whole = start == 0 and end == n
             self.ring.bucket(second).add_steps(steps if whole else steps.part(start, end),
-                                               timings if whole else timings[start:end])
+                                               timings if whole else timings[start:end],
+                                               contexts if whole else contexts[start:end])
             start = end
         last = next((batch for batch, _, decode in filter(None, reversed(timings)) if decode), None)
         if last is not None:
             self.decode_batch = last
-        # The gauges as the last step that reported them; the KV estimate step by step.
+        # The gauges as the last step that reported them.
         kv = next((v for v in reversed(steps.kv_usage) if v is not None), None)
         if kv is not None:
             self.kv_usage = kv
@@ -111,10 +113,16 @@ class EngineStream:
         if last_report is not None:
             self.running, self.waiting = steps.running[last_report], steps.waiting[last_report]
             self.updated_at = times[last_report]
+
+    def _contexts(self, steps: StepBatch) -> list[float]:
+        """Each step's tokens per request it attended over (the live requests' prompts and outputs before the step,
+        over its batch; 0.0 where unknown), as the KV estimate is carried forward step by step."""
         live = self.live_tokens
-        for running, waiting, prompt, generated, finished in zip(
-                steps.running, steps.waiting, steps.prompt_tokens, steps.generation_tokens, steps.finished_tokens,
-                strict=True):
+        out = []
+        for running, waiting, batch, prompt, generated, finished in zip(
+                steps.running, steps.waiting, steps.batch, steps.prompt_tokens, steps.generation_tokens,
+                steps.finished_tokens, strict=True):
+            out.append(live / batch if batch and live >= batch else 0.0)
             if running == 0 and not waiting:
                 live = 0  # this engine is idle: nothing can be held, whatever the estimate drifted to
                 continue
@@ -122,6 +130,7 @@ class EngineStream:
             if live < 0:
                 live = 0
         self.live_tokens = live
+        return out
 
     def view(self, index: int, info: EngineInfo, lifetime: Totals, window: Totals) -> EngineView:
         """This engine in a snapshot, given its totals; with prefix-cache hits in the window the KV token estimate

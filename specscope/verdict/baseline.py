@@ -43,7 +43,8 @@ def save_profile(profile: StepProfile, path: str | Path) -> None:
     """Write step times and the setup they were measured on as a baseline file (JSON) for :func:`load_profile`."""
     setup = profile.setup or EngineSetup()
     doc = {"setup": asdict(setup),
-           "step_times": [{"batch_size": t.batch_size, "steps": t.steps, "mean_s": t.mean_s} for t in profile.times]}
+           "step_times": [{"batch_size": t.batch_size, "steps": t.steps, "mean_s": t.mean_s, "context": t.context,
+                           "context_slope": t.context_slope, "spread": t.spread} for t in profile.times]}
     Path(path).write_text(json.dumps(doc, indent=1) + "\n")
 
 
@@ -56,7 +57,9 @@ def load_profile(path: str | Path) -> StepProfile:
     """Read a baseline file; ValueError with one line saying what is wrong."""
     try:
         doc = json.loads(Path(path).read_text())
-        times = tuple(StepTime(int(t["batch_size"]), int(t["steps"]), float(t["mean_s"])) for t in doc["step_times"])
+        times = tuple(StepTime(int(t["batch_size"]), int(t["steps"]), float(t["mean_s"]),
+                               context=float(t.get("context", 0.0)), context_slope=float(t.get("context_slope", 0.0)),
+                               spread=float(t.get("spread", 0.0))) for t in doc["step_times"])
         raw = doc.get("setup") or {}
         setup = EngineSetup(**{k: v for k, v in raw.items() if k in EngineSetup.__dataclass_fields__}) if raw else None
     except OSError as exc:
@@ -65,6 +68,8 @@ def load_profile(path: str | Path) -> StepProfile:
         raise ValueError(f"{path} is not a specscope baseline (step_times by batch size): {exc}") from None
     if not times or any(t.batch_size < 1 or t.steps < 1 or t.mean_s <= 0 for t in times):
         raise ValueError(f"{path} is not a usable baseline: it needs positive batch sizes, steps and times")
+    if any(t.context < 0 or t.context_slope < 0 or t.spread < 0 for t in times):
+        raise ValueError(f"{path} is not a usable baseline: context, context_slope and spread cannot be negative")
     name = setup.model if setup else doc.get("model")
     return StepProfile(times, f"baseline {Path(path).name}" + (f" of {name}" if name else ""), setup)
 

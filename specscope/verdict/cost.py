@@ -8,6 +8,7 @@ from typing import Any
 from specscope.model import (
     CostRatio,
     Snapshot,
+    StepProfile,
     StepTime,
 )
 from specscope.sizing import MODEL_FREE_METHODS, ModelSize
@@ -54,7 +55,9 @@ def measured_cost(snap: Snapshot, batch_size: int) -> CostRatio | None:
     base = usable_baseline(snap)
     if base is None or not k:
         return None
-    t_spec, t_plain = _spec_step_time(snap, batch_size), base.at(batch_size, MIN_STEPS)
+    live = steps_at(snap, batch_size)
+    context = live.context if live is not None and live.context else None
+    t_spec, t_plain = _spec_step_time(snap, batch_size), base.at(batch_size, MIN_STEPS, context)
     if t_spec is None or not t_plain or t_spec < t_plain:
         # A speculative step verifies K+1 tokens a request: faster than a plain step, it says the baseline is not
         # comparable now (taken while the machine ran slower, or elsewhere), not that speculation is free.
@@ -63,10 +66,21 @@ def measured_cost(snap: Snapshot, batch_size: int) -> CostRatio | None:
     return CostRatio(
         (t_spec / t_plain - 1.0) / k,
         f"measured at batch {batch_size}: {1e3 * t_spec:.1f} ms per speculative step, "
-        f"{1e3 * t_plain:.1f} ms without speculation ({base.source})",
+        f"{1e3 * t_plain:.1f} ms without speculation{_priced_at(base, batch_size, context)} ({base.source})",
         sizes.target_params if sizes else None,
         sizes.draft_params if sizes else None,
     )
+
+
+def _priced_at(base: StepProfile, batch_size: int, context: float | None) -> str:
+    """Where the baseline was priced: " at 412 tokens of context (calibrated at 60 and 560)", or why not."""
+    rows = [t for t in base.times if t.steps >= MIN_STEPS]
+    if not rows or not any(t.context_slope for t in rows):
+        return " (a baseline with no context dependence measured)"
+    if context is None:
+        return " (the live context unknown: priced as calibrated)"
+    near = min(rows, key=lambda t: abs(t.batch_size - batch_size))
+    return f" at {context:.0f} tokens of context (calibrated at {near.context:.0f} tokens)"
 
 
 def verify_cost(snap: Snapshot, batch_size: int) -> CostRatio:

@@ -32,6 +32,8 @@ def test_calibrate_command_writes_a_baseline_with_its_setup(tiny: Any, engines: 
     profile = load_profile(out)
     assert [t.batch_size for t in profile.times] == [1, 4]
     assert all(t.steps >= 2 * 22 and 0 < t.mean_s < 1 for t in profile.times)  # 2 rounds of 23 decode steps
+    # Each at the context it was measured at (the prompts and half the output), with the rounds' spread.
+    assert all(10 < t.context < 80 and t.context_slope >= 0 and t.spread > 0 for t in profile.times)
     setup = profile.setup
     assert setup is not None and setup.model == str(tiny["target"])
     assert setup.dtype == "float32" and setup.device is not None and setup.device.startswith("cpu")
@@ -40,9 +42,10 @@ def test_calibrate_command_writes_a_baseline_with_its_setup(tiny: Any, engines: 
     assert "batch    1:" in r.stdout and "wrote" in r.stdout and f"on 6 prompts of {prompts}" in r.stdout
 
 
-def test_a_baseline_of_long_prompts_times_slower_steps_than_one_of_short_prompts(tiny: Any, engines: Any) -> None:
-    """A decode step attends over the whole context: calibrated on short prompts, the baseline is too fast for a
-    workload of long ones (and c comes out too high), which is why calibrate takes the workload's prompts."""
+def test_a_baseline_of_short_prompts_is_priced_at_the_context_of_long_ones(tiny: Any, engines: Any) -> None:
+    """A decode step attends over the whole context: a step over long prompts is slower than over short ones. The
+    default calibration (short prompts, no --prompts) measures that slope against a long contrast set, and priced at
+    the long prompts' context it gives their step time."""
     import specscope
     from specscope.measure import measure_step_times
 
@@ -51,10 +54,14 @@ def test_a_baseline_of_long_prompts_times_slower_steps_than_one_of_short_prompts
                         **{**ENGINE_KW, "max_model_len": 1024})
     try:
         long = [" ".join([p] * 12) for p in tiny_models.prompts(16, seed=5)]  # ~300-600 tokens each
-        short = measure_step_times(llm, (16,), tokens=32, rounds=1).at(16)
-        longer = measure_step_times(llm, (16,), tokens=32, rounds=1, prompts=long).at(16)
+        default = measure_step_times(llm, (16,), tokens=32)
+        measured = measure_step_times(llm, (16,), tokens=32, prompts=long, contexts=1).get(16)
     finally:
         shutdown(llm)
-    assert short is not None and longer is not None
-    print(f"batch 16: {1e3 * short:.1f} ms a step on short prompts, {1e3 * longer:.1f} ms on long ones")
-    assert longer > 1.15 * short
+    short = default.get(16)
+    assert short is not None and measured is not None and measured.context > 5 * short.context
+    priced = default.at(16, context=measured.context)
+    print(f"batch 16: {1e3 * short.mean_s:.1f} ms a step at {short.context:.0f} tokens of context, "
+          f"{1e3 * measured.mean_s:.1f} ms at {measured.context:.0f}; priced there {1e3 * (priced or 0):.1f} ms")
+    assert measured.mean_s > 1.15 * short.mean_s and short.context_slope > 0
+    assert priced == pytest.approx(measured.mean_s, rel=0.10)
