@@ -123,6 +123,12 @@ def _speedup(snap: Snapshot, field: str) -> float | None:
     return None if est is None else float(getattr(est, field))
 
 
+def _interval_end(snap: Snapshot, end: int) -> float | None:
+    est = estimate(snap)
+    iv = est.interval if est is not None else None
+    return None if iv is None else iv[end]
+
+
 def _one(value: Callable[[Snapshot], float | int | None]) -> Reader:
     def read(snap: Snapshot, attrs: Attrs) -> Iterator[Sample]:
         v = value(snap)
@@ -276,10 +282,19 @@ METRICS: tuple[Metric, ...] = (
     Metric("specscope.spec_decode.expected_speedup", "gauge", "1",
            "Expected speedup over no speculation (Leviathan et al.) from the window's alpha, K and cost ratio c.",
            _one(lambda s: _speedup(s, "expected_speedup"))),
+    Metric("specscope.spec_decode.expected_speedup_low", "gauge", "1",
+           "Bottom of the expected speedup's 90% interval (requests' acceptance resampled, the baseline's step-time "
+           "spread); absent where too few requests carry speculative numbers.",
+           _one(lambda s: _interval_end(s, 0))),
+    Metric("specscope.spec_decode.expected_speedup_high", "gauge", "1",
+           "Top of the expected speedup's 90% interval; under 1, speculation loses with confidence; absent where "
+           "too few requests carry speculative numbers.",
+           _one(lambda s: _interval_end(s, 1))),
     Metric("specscope.spec_decode.recommended_k", "gauge", "{token}",
-           "The number of speculative tokens that maximises the expected speedup; 0: remove speculative_config (a "
-           "K = 0 range in vLLM's schedule still runs the draft).",
-           _one(lambda s: _speedup(s, "best_k"))),
+           "The number of speculative tokens to run: the one that maximises the expected speedup, or the running "
+           "one where that is within the noise; 0: remove speculative_config (a K = 0 range in vLLM's schedule "
+           "still runs the draft).",
+           _one(lambda s: _speedup(s, "advised_k"))),
     # --- traffic classes (specscope.classes): the server's finished requests by class
     Metric("specscope.class.requests", "counter", "{request}",
            "Finished requests of each traffic class (baggage traffic_class, the operator's header, the LoRA "

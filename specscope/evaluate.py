@@ -188,8 +188,10 @@ class Cell:
 
     plain: list[float] = field(default_factory=list)
     spec: list[float] = field(default_factory=list)
-    #: specscope's predicted speedup here (its estimate from the run against the plain engine's step times).
+    #: specscope's predicted speedup here (its estimate from the run against the plain engine's step times), and
+    #: its interval where one could be drawn from the run's requests.
     predicted: float | None = None
+    interval: tuple[float, float] | None = None
 
     @property
     def ratios(self) -> list[float]:
@@ -495,7 +497,7 @@ class Runner:
         for b in sizes:
             est = estimate(snap, batch_size=b)
             if est is not None and b in run.cells:
-                run.cells[b].predicted = est.expected_speedup
+                run.cells[b].predicted, run.cells[b].interval = est.expected_speedup, est.interval
                 run.k0_price[b] = est.k0_speedup
         spec = snap.lifetime.spec
         if spec is not None:
@@ -515,7 +517,8 @@ def _cell_dict(c: Cell) -> dict[str, Any]:
     lo_hi = c.spread
     return {"speedup": _r(c.speedup), "min": _r(lo_hi[0]) if lo_hi else None, "max": _r(lo_hi[1]) if lo_hi else None,
             "rounds": [_r(x) for x in c.ratios], "plain_tok_s": [_r(x, 1) for x in c.plain],
-            "speculative_tok_s": [_r(x, 1) for x in c.spec], "predicted": _r(c.predicted)}
+            "speculative_tok_s": [_r(x, 1) for x in c.spec], "predicted": _r(c.predicted),
+            "predicted_interval": None if c.interval is None else [_r(c.interval[0]), _r(c.interval[1])]}
 
 
 def to_dict(ev: Evaluation) -> dict[str, Any]:
@@ -577,7 +580,8 @@ def _cell_text(c: Cell | None) -> str:
         return "n/a"
     lo, hi = c.spread or (c.speedup, c.speedup)
     spread = f" [{lo:.2f}-{hi:.2f}]" if len(c.ratios) > 1 else ""
-    return f"{c.speedup:.2f}x{spread}" + (f" (pred {c.predicted:.2f}x)" if c.predicted is not None else "")
+    interval = f" {c.interval[0]:.2f}-{c.interval[1]:.2f}" if c.interval is not None else ""
+    return f"{c.speedup:.2f}x{spread}" + (f" (pred {c.predicted:.2f}x{interval})" if c.predicted is not None else "")
 
 
 def _pct(v: float | None) -> str:
@@ -746,7 +750,7 @@ def render_html(ev: Evaluation) -> str:
         if not c.runs:
             continue
         out.append(_table(["K", "acceptance", "alpha", "by position",
-                           *(f"batch {b}: measured [min-max] (predicted)" for b in sizes)],
+                           *(f"batch {b}: measured [min-max] (predicted, its interval)" for b in sizes)],
                           [(k, _pct(run.acceptance), _x(run.alpha).rstrip("x"),
                             " ".join(_pct(x) for x in run.per_position),
                             *(_cell_text(run.cells.get(b)) for b in sizes)) for k, run in sorted(c.runs.items())]))

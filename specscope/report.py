@@ -17,12 +17,12 @@ import io
 import json
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from specscope import acceptance as acc
-from specscope.model import Snapshot, StepProfile, TrafficClass
+from specscope.model import RequestRecord, Snapshot, StepProfile, TrafficClass
 from specscope.summary import percent, summary
 from specscope.verdict import by_batch_size, class_speedup, estimate, k_table, recommended_config, with_baseline
 
@@ -120,8 +120,17 @@ def _from_endpoint(url: str, window_s: float, duration_s: float, interval_s: flo
     return Report(f"speculative decoding report: {url}", url, [_engine(url, series, window_s)])
 
 
+#: Request records a report keeps from a series (as the hub and ``specscope top --replay`` do).
+MAX_REQUESTS = 1000
+
+
 def _engine(name: str, series: list[Snapshot], window_s: float) -> EngineReport:
-    """Acceptance over a sliding window, from successive lifetime counts."""
+    """Acceptance over a sliding window, from successive lifetime counts; the last snapshot with the series'
+    requests (a recording's lines each hold only the requests new since the line before)."""
+    kept: dict[tuple[str, int], RequestRecord] = {}
+    for s in series:
+        kept.update(((r.request_id, r.final_seq), r) for r in s.requests)
+    last = replace(series[-1], requests=tuple(list(kept.values())[-MAX_REQUESTS:]))
     start = series[0].time
     points: list[tuple[float, float]] = []
     j = 0
@@ -134,7 +143,7 @@ def _engine(name: str, series: list[Snapshot], window_s: float) -> EngineReport:
         drafted = a.draft_tokens - b.draft_tokens
         if drafted > 0:
             points.append((s.time - start, (a.accepted - b.accepted) / drafted))
-    return EngineReport(name, series[-1], points)
+    return EngineReport(name, last, points)
 
 
 # ----------------------------------------------------------------------------- plots
@@ -220,9 +229,12 @@ def _speedup_by_k(snap: Snapshot) -> Callable[[Any], None]:
                            label=f"{f'batch {est.batch_size}' if est.batch_size else 'no step times'} "
                                  f"(c {est.c:.2f}, {est.c_basis})")
             ax.plot([est.k], [est.expected_speedup], "s", ms=9, color=line[0].get_color(), mfc="none")
+            if est.high:  # the interval at every K: how sure the verdict is
+                ax.fill_between(range(len(est.high)), est.low, est.high, color=line[0].get_color(), alpha=0.15,
+                                linewidth=0)
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks(range(0, acc.K_MAX + 1, 2))
-        ax.set_xlabel("K (0 = speculation off); square: the running K, from observed tokens per step")
+        ax.set_xlabel("K (0 = speculation off); square: the running K (observed); band: the 90% interval")
         ax.set_ylabel("expected speedup")
         ax.set_title("Expected speedup by K")
         ax.legend(fontsize=8)

@@ -218,7 +218,7 @@ def _not_paying(s: Snapshot, t: Thresholds) -> bool:
     if w is None or w.draft_tokens < t.weak_draft_min_draft_tokens:
         return False
     est = estimate(s)
-    return est is not None and not est.pays
+    return est is not None and est.surely_loses
 
 
 def _window(t: Thresholds) -> str:
@@ -318,12 +318,15 @@ RULES: tuple[Rule, ...] = (
         name="SpecscopeSpeculationNotPaying",
         severity="warning",
         summary="Speculation is expected to be slower than plain decoding",
-        description="Expected speedup is {value} (Leviathan et al.: alpha, K and the draft/target cost ratio c; "
+        description="Expected speedup is {value}, surely under 1 (the top of its interval, where one could be "
+                    "drawn from the window's requests; Leviathan et al.: alpha, K and the draft/target cost ratio c; "
                     "{speedup_detail}).",
         value=lambda s: est.expected_speedup if (est := estimate(s)) else None,
         firing=_not_paying,
         promql=lambda t: (
-            f"{_p('specscope.spec_decode.expected_speedup')} < 1 and {_drafting_promql(SPECSCOPE, t)}"),
+            f"({_p('specscope.spec_decode.expected_speedup_high')} < 1 or "
+            f"({_p('specscope.spec_decode.expected_speedup')} < 1 unless "
+            f"{_p('specscope.spec_decode.expected_speedup_high')})) and {_drafting_promql(SPECSCOPE, t)}"),
         for_s=lambda t: t.weak_draft_for_s,
         advice="Use the recommended K, a cheaper or better draft, or turn speculation off.",
     ),

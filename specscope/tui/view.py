@@ -152,10 +152,14 @@ def spec_panel(snap: Snapshot | None, threshold: float, history: list[float] | N
             why = "waiting for drafts"
         t.append(f"speedup n/a ({why})\n")
     else:
-        t.append(f"speedup {est.expected_speedup:.2f}x", style="bold" if est.pays else "bold red")
+        t.append(f"speedup {est.expected_speedup:.2f}x",
+                 style="bold" if est.pays else "bold red" if est.surely_loses else "bold yellow")
+        if (iv := est.interval) is not None:
+            t.append(f" ({iv[0]:.2f}-{iv[1]:.2f})")
         t.append(f" at K={est.k}" + (f" batch {est.batch_size}" if est.batch_size else ""))
-        t.append(f"; remove speculation (K=0 runs {est.k0_speedup:.2f}x)\n"
-                 if est.best_k == 0
+        advised = est.advised_k
+        t.append(f"; remove speculation (K=0 runs {est.k0_speedup:.2f}x)\n" if advised == 0
+                 else f"; keep K={est.k}: best K={est.best_k} within noise\n" if advised != est.best_k
                  else f"; best K={est.best_k} ({est.best_speedup:.2f}x)\n")
         if not compact:
             tokens = "observed" if est.tokens_observed else "modelled"

@@ -98,7 +98,7 @@ def recommended_config(snap: Snapshot) -> dict[str, Any] | None:
     method = snap.engine.method
     if method is not None and method not in SCHEDULABLE_METHODS:
         est = estimate(snap)
-        k = est.best_k if est is not None and est.measured else max(table, key=lambda c: c.speedup).k
+        k = est.advised_k if est is not None and est.measured else max(table, key=lambda c: c.speedup).k
         return {"num_speculative_tokens": k} if k else None
     return schedule_config(k_schedule(snap))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from specscope import acceptance as acc
@@ -11,6 +12,8 @@ from specscope.model import (
     TrafficClass,
 )
 from specscope.sizing import MODEL_FREE_METHODS
+from specscope.verdict import uncertainty
+from specscope.verdict.baseline import usable_baseline
 from specscope.verdict.cost import MIN_STEPS, measured_cost, spec_counts, steps_at, verify_cost
 
 #: Decode steps a batch size needs to get a row of its own in the by-batch verdict and the K table (batch sizes
@@ -51,6 +54,11 @@ class SpeedupEstimate:
     k0_basis: str = ""
     #: What the estimate cannot account for, for people ("" when nothing).
     caveat: str = ""
+    #: The interval of ``by_k`` (:mod:`specscope.verdict.uncertainty`), K by K: its low and high ends, and what it
+    #: was drawn from; empty where it could not be drawn (too few requests with speculative numbers).
+    low: tuple[float, ...] = ()
+    high: tuple[float, ...] = ()
+    interval_basis: str = ""
 
     @property
     def expected_speedup(self) -> float:
@@ -68,19 +76,54 @@ class SpeedupEstimate:
         return acc.best_k(self.by_k)[1]
 
     @property
+    def interval(self) -> tuple[float, float] | None:
+        """The expected speedup's interval at the running K; None where none could be drawn."""
+        return (self.low[self.k], self.high[self.k]) if self.k < len(self.high) else None
+
+    @property
+    def advised_k(self) -> int:
+        """The K to run: :attr:`best_k`, unless the running K's interval reaches the best speedup (the difference
+        is inside the noise: a restart for nothing)."""
+        return self._advised(self.by_k)
+
+    @property
+    def near_best(self) -> tuple[int, int] | None:
+        """The smallest and largest K whose interval reaches the best speedup (indistinguishable from the best);
+        None without an interval."""
+        if not self.high:
+            return None
+        top = self.best_speedup
+        ks = [j for j in range(1, len(self.high)) if self.high[j] >= top]
+        return (min(ks), max(ks)) if ks else None
+
+    @property
     def scheduled_k(self) -> int:
-        """The K to put in vLLM's schedule at this batch size, a K = 0 range priced at :attr:`k0_speedup`."""
-        return acc.best_k((self.k0_speedup, *self.by_k[1:]))[0]
+        """The K to put in vLLM's schedule at this batch size, a K = 0 range priced at :attr:`k0_speedup` (the
+        running K kept where the best is within its noise)."""
+        return self._advised((self.k0_speedup, *self.by_k[1:]))
 
     @property
     def scheduled_speedup(self) -> float:
         """The speedup at :attr:`scheduled_k` with speculation configured."""
-        return acc.best_k((self.k0_speedup, *self.by_k[1:]))[1]
+        k = self.scheduled_k
+        return self.k0_speedup if k == 0 else self.by_k[k]
+
+    def _advised(self, curve: tuple[float, ...]) -> int:
+        best = acc.best_k(curve)[0]
+        if best != self.k and self.k < len(self.high) and self.high[self.k] >= curve[best]:
+            return self.k
+        return best
 
     @property
     def pays(self) -> bool:
         """True when speculation at the running K is expected to be faster than plain decoding."""
         return self.expected_speedup >= 1.0
+
+    @property
+    def surely_loses(self) -> bool:
+        """Slower than plain decoding with confidence: the interval's top under 1.0 (the point's, without one)."""
+        iv = self.interval
+        return (iv[1] if iv else self.expected_speedup) < 1.0
 
     @property
     def measured(self) -> bool:
@@ -89,20 +132,28 @@ class SpeedupEstimate:
 
     def explain(self) -> str:
         """One paragraph a person can act on."""
-        verdict = "pays" if self.pays else "does NOT pay"
+        iv = self.interval
+        verdict = ("pays" if self.pays else "does NOT pay" if self.surely_loses
+                   else "may not pay (its interval reaches 1.0x)")
         at = f" and batch {self.batch_size}" if self.batch_size else ""
         tokens = f"{self.tokens_per_step:.2f} tokens/step {'observed' if self.tokens_observed else 'modelled'}"
         share = self.prefill_share
         prefill = (", prefill not timed at this batch size: decode only" if share is None
                    else f", prefill {share:.0%} of engine time" if share >= 0.005 else "")
-        if self.best_k == 0:
+        advised = self.advised_k
+        if advised == 0:
             advice = (f"turn speculation off (remove speculative_config, a restart): no K makes it pay here, and "
                       f"K=0 in vLLM's schedule would run at {self.k0_speedup:.2f}x ({self.k0_basis})")
-        elif self.best_k == self.k:
-            advice = f"K={self.k} is already the best"
+        elif advised == self.k:
+            advice = (f"K={self.k} is already the best" if self.best_k == self.k else
+                      f"keep K={self.k}: K={self.best_k}'s {self.best_speedup:.2f}x is within the noise")
         else:
-            advice = f"K={self.best_k} would give {self.best_speedup:.2f}x"
-        return (f"speculation {verdict}: expected speedup {self.expected_speedup:.2f}x at K={self.k}{at} "
+            advice = f"K={advised} would give {self.by_k[advised]:.2f}x"
+        near = self.near_best
+        if near and near[0] != near[1] and advised:
+            advice += f"; K={near[0]}-{near[1]} are within the noise of the best"
+        sure = f" ({iv[0]:.2f}-{iv[1]:.2f}x, {self.interval_basis})" if iv else " (no interval: too few requests)"
+        return (f"speculation {verdict}: expected speedup {self.expected_speedup:.2f}x{sure} at K={self.k}{at} "
                 f"(decode {self.decode_speedup:.2f}x{prefill}; {tokens}; alpha {self.alpha:.2f}; "
                 f"c {self.c:.2f}, {self.c_source}); {advice}{self.caveat}")
 
@@ -189,17 +240,22 @@ def _estimate(snap: Snapshot, cost: CostRatio | None, batch_size: int | None) ->
     a = spec.alpha
     rates = spec.per_position[:k]
     observed = _observed_tokens(snap, k)
-    modelled_now = acc.tokens_per_step(k, rates, a)
-    tokens = observed if observed is not None else modelled_now
-    # The share of request-steps that drafted, so that the model reproduces what was observed at the running K.
-    drafted = sum(rates)
-    fraction = min(1.0, max(0.0, (tokens - 1.0) / drafted)) if drafted > 0 else 1.0
-    decode = [acc.tokens_per_step(j, rates, a, fraction) / (j * cost.value + 1.0) for j in range(acc.K_MAX + 1)]
-    decode_now = tokens / (k * cost.value + 1.0)
-    if k < len(decode):
-        decode[k] = decode_now
+    tokens = observed if observed is not None else acc.tokens_per_step(k, rates, a)
     rho, draft_prefill = _prefill_per_decode(snap, batch, tokens), _draft_prefill(snap)
-    by_k = (1.0, *(acc.end_to_end(s, decode_now, rho or 0.0, draft_prefill) for s in decode[1:]))
+
+    def curve(rates: tuple[float, ...], a: float, tokens: float, c: float) -> tuple[tuple[float, ...], float]:
+        """(end-to-end speedup at K = 0 .. K_MAX, decode speedup at the running K) for these inputs."""
+        # The share of request-steps that drafted, so that the model reproduces what was observed at the running K.
+        drafted = sum(rates)
+        fraction = min(1.0, max(0.0, (tokens - 1.0) / drafted)) if drafted > 0 else 1.0
+        decode = [acc.tokens_per_step(j, rates, a, fraction) / (j * c + 1.0) for j in range(acc.K_MAX + 1)]
+        now = tokens / (k * c + 1.0)
+        if k < len(decode):
+            decode[k] = now
+        return (1.0, *(acc.end_to_end(s, now, rho or 0.0, draft_prefill) for s in decode[1:])), now
+
+    by_k, decode_now = curve(rates, a, tokens, cost.value)
+    low, high, basis = _interval(snap, batch, k, cost.value, measured is not None, (rates, a, tokens), curve)
     k0, k0_basis = k0_decode(snap, cost)
     return SpeedupEstimate(
         alpha=a, k=k, c=cost.value, c_basis=_basis(cost, measured is not None),
@@ -207,8 +263,31 @@ def _estimate(snap: Snapshot, cost: CostRatio | None, batch_size: int | None) ->
         decode_speedup=decode_now, prefill_share=None if rho is None else rho / (1.0 + rho), by_k=by_k,
         batch_size=batch if measured is not None or observed is not None else None,
         k0_speedup=acc.end_to_end(k0, decode_now, rho or 0.0, draft_prefill), k0_basis=k0_basis,
-        caveat=LOSSY_CAVEAT if snap.engine.lossy_verification else "",
+        caveat=LOSSY_CAVEAT if snap.engine.lossy_verification else "", low=low, high=high, interval_basis=basis,
     )
+
+
+def _interval(snap: Snapshot, batch: int | None, k: int, c: float, measured: bool,
+              point: tuple[tuple[float, ...], float, float],
+              curve: Callable[[tuple[float, ...], float, float, float], tuple[tuple[float, ...], float]],
+              ) -> tuple[tuple[float, ...], tuple[float, ...], str]:
+    """``(low, high, basis)`` of the speedup at every K: ``curve`` over the requests' resampled acceptance and, where
+    c is measured, a plain step time drawn from the baseline's spread; empty without enough requests."""
+    res = uncertainty.resample(snap)
+    if res is None or not res.draws:
+        return (), (), ""
+    base = usable_baseline(snap)
+    rows = [t for t in base.times if t.steps >= MIN_STEPS] if base is not None and measured and batch else []
+    spread = min(rows, key=lambda t: abs(t.batch_size - (batch or 1))).spread if rows else 0.0
+    rates, a, tokens = point
+    curves = []
+    for d, m in zip(res.draws, uncertainty.noise(len(res.draws), spread), strict=True):
+        scaled = tuple(r * (d.rates[i] if i < len(d.rates) else 1.0) for i, r in enumerate(rates))
+        c_draw = max(0.0, ((1.0 + k * c) / m - 1.0) / k) if spread else c
+        curves.append(curve(scaled, min(0.999, a * d.alpha), 1.0 + (tokens - 1.0) * d.gained, c_draw)[0])
+    low, high = zip(*(uncertainty.quantiles([cv[j] for cv in curves]) for j in range(len(curves[0]))), strict=True)
+    basis = f"{uncertainty.COVERAGE:.0%} interval over {res.requests} requests"
+    return tuple(low), tuple(high), basis + (f" and the baseline's {spread:.0%} spread" if spread else "")
 
 
 def k0_decode(snap: Snapshot, cost: CostRatio) -> tuple[float, str]:

@@ -1,0 +1,118 @@
+"""How sure the verdict is: the spread of acceptance over the window's requests, resampled (a bootstrap over
+requests), and of the baseline's step times between its calibration rounds.
+
+Acceptance depends on the text: two samples of the same traffic can differ by 10-15% in tokens per step, and a
+verdict drawn from 45 requests is a sample. Each draw resamples the window's distinct requests (requests with the
+same numbers, such as a prompt sent again under greedy decoding, count once: they say nothing new about the
+traffic) and gives how much the acceptance of the draw differs from the whole sample's, position by position;
+:func:`specscope.verdict.speedup.estimate` prices each draw as it prices the point, with a plain step time drawn
+from the baseline's spread, and takes the central :data:`COVERAGE` of the draws as the interval.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from specscope.model import RequestRecord, Snapshot
+
+#: The share of draws an interval covers (its ends are the 5th and 95th percentiles).
+COVERAGE = 0.9
+#: Draws per snapshot.
+DRAWS = 200
+#: Distinct requests with speculative numbers an interval needs; with fewer there is none.
+MIN_REQUESTS = 8
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One resample of the requests, relative to the whole sample: each position's acceptance rate, the tokens a
+    step gains beyond the bonus token, and α, each as a ratio to the whole sample's."""
+
+    rates: tuple[float, ...]
+    gained: float
+    alpha: float
+
+
+@dataclass(frozen=True)
+class Resample:
+    """The draws and what they were drawn from."""
+
+    draws: tuple[Draw, ...]
+    #: Distinct requests drawn from.
+    requests: int
+
+
+def _counts(hist: Sequence[int]) -> tuple[int, int, list[int], int]:
+    """A request's (steps, accepted, accepted per position, rejections) from its acceptance histogram (steps that
+    accepted 0, 1, ... K tokens)."""
+    k = len(hist) - 1
+    steps = sum(hist)
+    per_pos = [sum(hist[i + 1:]) for i in range(k)]
+    return steps, sum(j * h for j, h in enumerate(hist)), per_pos, steps - hist[k] if k >= 0 else 0
+
+
+def _summary(items: Sequence[tuple[int, int, list[int], int]]) -> tuple[tuple[float, ...], float, float] | None:
+    steps = sum(i[0] for i in items)
+    k = max((len(i[2]) for i in items), default=0)
+    if not steps or not k:
+        return None
+    per_pos = [sum(i[2][p] for i in items if p < len(i[2])) for p in range(k)]
+    successes, failures = sum(per_pos), sum(i[3] for i in items)
+    a = successes / (successes + failures) if successes + failures else 0.0
+    return tuple(c / steps for c in per_pos), sum(i[1] for i in items) / steps, a
+
+
+def records(snap: Snapshot) -> list[RequestRecord]:
+    """The requests the interval is drawn from: the window's with an acceptance histogram, else every kept one's."""
+    kept = [r for r in snap.requests if r.acceptance_histogram and r.spec_steps]
+    recent = [r for r in kept if r.finished_at >= snap.time - snap.window_seconds]
+    return recent if len({_key(r) for r in recent}) >= MIN_REQUESTS else kept
+
+
+def _key(r: RequestRecord) -> tuple[object, ...]:
+    return r.prompt_tokens, r.generation_tokens, r.acceptance_histogram
+
+
+def resample(snap: Snapshot) -> Resample | None:
+    """The draws for ``snap`` (computed once per snapshot); None with fewer than :data:`MIN_REQUESTS` distinct
+    requests."""
+    key = ("resample",)
+    if key not in snap.derived:
+        snap.derived[key] = _resample(records(snap))
+    return snap.derived[key]
+
+
+def _resample(recs: Sequence[RequestRecord]) -> Resample | None:
+    distinct = {_key(r): r.acceptance_histogram for r in recs}
+    items = [_counts(h) for h in distinct.values() if h]
+    whole = _summary(items)
+    if len(items) < MIN_REQUESTS or whole is None or whole[1] <= 0 or whole[2] <= 0:
+        return None
+    rates0, gained0, alpha0 = whole
+    rng = random.Random(0)
+    draws = []
+    for _ in range(DRAWS):
+        got = _summary(rng.choices(items, k=len(items)))
+        if got is None:
+            continue
+        rates, gained, a = got
+        draws.append(Draw(tuple(r / r0 if r0 else 1.0 for r, r0 in zip(rates, rates0, strict=False)),
+                          gained / gained0, a / alpha0))
+    return Resample(tuple(draws), len(items))
+
+
+def noise(draws: int, spread: float) -> list[float]:
+    """Factors for the plain step time, one per draw: normal with the baseline's relative ``spread`` (1.0 each
+    where it is unknown), kept within ±3 spreads."""
+    rng = random.Random(1)
+    return [1.0 + spread * max(-3.0, min(3.0, rng.gauss(0.0, 1.0))) for _ in range(draws)]
+
+
+def quantiles(values: Sequence[float]) -> tuple[float, float]:
+    """The central :data:`COVERAGE` of ``values``: (low, high)."""
+    ordered = sorted(values)
+    tail = (1.0 - COVERAGE) / 2
+    last = len(ordered) - 1
+    return ordered[round(tail * last)], ordered[round((1.0 - tail) * last)]

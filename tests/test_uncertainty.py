@@ -1,0 +1,119 @@
+"""The verdict at the live context, and how sure it is: context recorded per decode step, a baseline priced at the
+engine's context, intervals drawn from the requests, and decisions that wait for confidence."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specscope import acceptance as acc
+from specscope.alerts.rules import BY_RULE, Thresholds
+from specscope.hub import Hub
+from specscope.model import CostRatio, EngineInfo, StepProfile, StepTime
+from specscope.verdict import estimate, load_profile, measured_cost, save_profile
+from specscope.verdict.speedup import SpeedupEstimate
+from specscope.verdict.uncertainty import MIN_REQUESTS
+from tests.test_hub import Clock
+from tests.test_verdict import SETUP, draft_step, speculative_hub
+
+
+def test_decode_steps_record_the_context_their_requests_attend_over() -> None:
+    """Each request prefilled 20 prompt tokens and its first token, then gains 4 tokens a step: over 30 decode
+    steps it attends over 21, 25, ... 137 tokens, 79 on average, whatever the batch."""
+    clock = Clock()
+    hub = speculative_hub(clock)
+    for batch in (1, 16):
+        row = hub.snapshot().lifetime.step_times.get(batch)
+        assert row is not None and row.context == pytest.approx(21 + 4 * 29 / 2)
+
+
+def test_a_baseline_is_priced_at_the_context_the_engine_runs_at(tmp_path: Path) -> None:
+    """Calibrated at 50 tokens of context with 0.1 ms more per step per token, a plain step at batch 16 costs
+    20 + 2.9 ms at the engine's 79 tokens: c is measured against that, and the source says where it was priced."""
+    base = StepProfile((StepTime(16, 50, 0.020, context=50.0, context_slope=1e-4, spread=0.05),), "b", SETUP)
+    save_profile(base, tmp_path / "b.json")
+    loaded = load_profile(tmp_path / "b.json")
+    assert loaded.times == base.times  # context, slope and spread survive the file
+    assert loaded.at(16) == pytest.approx(0.020) and loaded.at(16, context=79.0) == pytest.approx(0.0229)
+    assert loaded.at(16, context=1.0) == pytest.approx(0.020 - 49e-4)
+    clock = Clock()
+    hub = speculative_hub(clock)  # speculative steps of 30 ms at batch 16
+    hub.set_baseline(loaded)
+    cost = measured_cost(hub.snapshot(), 16)
+    assert cost is not None and cost.value == pytest.approx((0.030 / 0.0229 - 1) / 4)
+    assert "at 79 tokens of context (calibrated at 50 tokens)" in cost.source
+
+
+def test_a_negative_context_or_slope_is_not_a_baseline(tmp_path: Path) -> None:
+    path = tmp_path / "b.json"
+    save_profile(StepProfile((StepTime(1, 5, 0.01, context=-3.0),), "b", SETUP), path)
+    with pytest.raises(ValueError, match="cannot be negative"):
+        load_profile(path)
+
+
+def _mixed_hub(c: float, n: int = 20) -> Hub:
+    """Half the requests accept every draft token, half none: the engine's counts and its records agree."""
+    hub = Hub()
+    hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model"))
+    hub.cost_ratio = CostRatio(c, "given")
+    hub.record_step(draft_step([4] * (n // 2) + [0] * (n // 2)))
+    for i in range(n):
+        steps_ = 10 + i
+        hist = (0, 0, 0, 0, steps_) if i % 2 == 0 else (steps_, 0, 0, 0, 0)
+        accepted = sum(j * h for j, h in enumerate(hist))
+        hub.requests.record(f"r{i}", prompt_tokens=20, generation_tokens=steps_ + accepted, num_spec_tokens=4,
+                            spec_steps=steps_, draft_tokens=4 * steps_, accepted_tokens=accepted,
+                            acceptance_histogram=hist)
+    hub.wait_idle()
+    return hub
+
+
+def test_the_interval_comes_from_the_spread_of_the_requests_and_holds_the_point() -> None:
+    est = estimate(_mixed_hub(0.3).snapshot())
+    assert est is not None and est.interval is not None
+    low, high = est.interval
+    assert low < est.expected_speedup < high
+    # Half the requests accept all of 4 tokens, half none: tokens per step 3 +- what 20 requests leave unsure.
+    assert high - low > 0.2 * est.expected_speedup
+    assert "90% interval over 20 requests" in est.explain()
+    assert all(lo <= p <= hi for lo, p, hi in zip(est.low, est.by_k, est.high, strict=True))
+
+
+def test_no_interval_from_too_few_requests_and_the_point_decides() -> None:
+    est = estimate(_mixed_hub(1.0, n=MIN_REQUESTS - 2).snapshot())
+    assert est is not None and est.interval is None and "no interval" in est.explain()
+    assert est.surely_loses == (est.expected_speedup < 1.0)
+
+
+@pytest.mark.parametrize(("c", "fires"), [(0.55, False), (1.0, True)])
+def test_not_paying_fires_only_when_speculation_loses_with_confidence(c: float, fires: bool) -> None:
+    """At c 0.55 the point is 0.94x but the interval reaches above 1.0 (20 requests of two kinds): no alert, the
+    text says it may not pay. At c 1.0 the whole interval is under 1.0: the alert fires."""
+    snap = _mixed_hub(c).snapshot()
+    est = estimate(snap)
+    assert est is not None and est.interval is not None and est.expected_speedup < 1.0
+    assert est.surely_loses == fires and (est.interval[1] < 1.0) == fires
+    rule = BY_RULE["SpecscopeSpeculationNotPaying"]
+    assert rule.firing(snap, Thresholds(weak_draft_min_draft_tokens=10)) == fires
+    assert ("does NOT pay" if fires else "may not pay") in est.explain()
+
+
+def _estimate(k: int, by_k: tuple[float, ...], high: tuple[float, ...] = ()) -> SpeedupEstimate:
+    return SpeedupEstimate(alpha=0.7, k=k, c=0.1, c_basis="measured", c_source="", tokens_per_step=3.0,
+                           tokens_observed=True, decode_speedup=by_k[k], prefill_share=None, by_k=by_k,
+                           k0_speedup=0.9, low=tuple(x - 0.1 for x in high) if high else (), high=high)
+
+
+def test_the_advice_keeps_the_running_k_where_the_best_is_within_its_noise() -> None:
+    by_k = (1.0, 1.20, 1.30, 1.32, 1.31) + (1.2,) * (acc.K_MAX - 4)
+    sure = _estimate(2, by_k, high=tuple(x + 0.01 for x in by_k))
+    noisy = _estimate(2, by_k, high=tuple(x + 0.05 for x in by_k))
+    assert _estimate(2, by_k).advised_k == 3 and sure.advised_k == 3 and sure.scheduled_k == 3
+    assert noisy.best_k == 3 and noisy.advised_k == 2 and noisy.scheduled_k == 2
+    assert noisy.near_best == (2, 4) and "keep K=2" in noisy.explain() and "K=2-4 are within the noise" in \
+        noisy.explain()
+    # Speculation off only where the running K surely loses.
+    losing = (1.0, 0.8, 0.7) + (0.6,) * (acc.K_MAX - 2)
+    assert _estimate(1, losing, high=tuple(x + 0.25 for x in losing)).advised_k == 1
+    assert _estimate(1, losing, high=tuple(x + 0.1 for x in losing)).advised_k == 0
