@@ -27,9 +27,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from specscope import intervals
 from specscope.alerts.rules import Thresholds
 from specscope.collectors.scrape import HubSource
 from specscope.fleet import Target
@@ -122,13 +124,21 @@ class Demo:
         self.show(name)
         self.say(f"3/5 good draft: starting the target with its own first layer as the draft, K={GOOD_K}")
         llm = self._engine(name, "deep01", GOOD_K, baseline)
+        before = plain.snapshot().lifetime.step_times
         for batch in BATCHES:
             self.say(f"3/5 good draft at batch {batch}: running it with and without speculation")
             first = self._tok_s(llm, batch) / self._tok_s(plain, batch)
             plain_rate = self._tok_s(plain, batch)  # a second round the other way round: the machine drifts
             self.measured[batch] = (first + self._tok_s(llm, batch) / plain_rate) / 2
+            # The baseline from the plain engine's own steps on the same traffic, alternated with the speculative
+            # one's: the same contexts, and the machine as it is now (a CPU shared with other work drifts by 10%
+            # in minutes); the calibration's slope prices what the contexts still differ by.
+            llm.specscope.set_baseline(_alternated(baseline, intervals.since(plain.snapshot().lifetime.step_times,
+                                                                            before)))
             est = estimate(llm.snapshot(), batch_size=batch)
-            predicted = "n/a" if est is None else f"{est.expected_speedup:.2f}x (best K={est.best_k})"
+            predicted = "n/a" if est is None else (
+                f"{est.expected_speedup:.2f}x" + (f" ({est.interval[0]:.2f}-{est.interval[1]:.2f}x)"
+                                                  if est.interval else "") + f" (best K={est.best_k})")
             self.say(f"3/5 good draft at batch {batch}: measured {self.measured[batch]:.2f}x, "
                      f"specscope predicted {predicted}")
         config = recommended_config(llm.snapshot())
@@ -176,6 +186,14 @@ class Demo:
         mix += [(h, "hard") for h in rest]
         steady_throughput(llm, 8, 20.0, [p for p, _ in mix], 48, [c for _, c in mix])
         self._close(llm)
+
+
+def _alternated(calibrated: StepProfile, live: StepProfile) -> StepProfile:
+    """The plain engine's live steps (mean and context) with the calibration's context slope and spread."""
+    slopes = {t.batch_size: t for t in calibrated.times}
+    rows = tuple(replace(t, context_slope=c.context_slope, spread=c.spread) if (c := slopes.get(t.batch_size)) else t
+                 for t in live.times if t.steps)
+    return StepProfile(rows, "the plain engine, alternated with this one on the same traffic", calibrated.setup)
 
 
 def main(args: argparse.Namespace) -> int:

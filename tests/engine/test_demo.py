@@ -42,12 +42,15 @@ def test_headless_demo_fires_what_each_scenario_is_about(engines: Any, tmp_path:
     assert "SpecscopeWeakDraftForClass" in rules and "SpecscopeWeakDraft" not in rules, rules
     assert re.search(r"classes  hard [\d.]+% .* easy [\d.]+%", classes), classes
     # The good draft pays at batch 1, measured and predicted; its estimate is lower at batch 16 than at batch 1.
-    # The story the README tells: about 2x at batch 1, much less at batch 16, predicted within 15% at both.
+    # The story the README tells: about 2x at batch 1, much less at batch 16, predicted within 10% at both, and no
+    # "not paying" alert on a draft that measures 1.05x or more wherever it ran.
     measured = {int(b): float(x) for b, x in re.findall(r"good draft at batch (\d+): measured ([\d.]+)x", out)}
     predicted = {int(b): float(x) for b, x in re.findall(
         r"good draft at batch (\d+): measured [\d.]+x, specscope predicted ([\d.]+)x", out)}
     assert measured[1] > 1.7 and measured[16] < 0.8 * measured[1], out
-    assert all(predicted[b] == pytest.approx(measured[b], rel=0.15) for b in (1, 16)), out
+    assert all(predicted[b] == pytest.approx(measured[b], rel=0.10) for b in (1, 16)), out
+    if min(measured.values()) >= 1.05:
+        assert "SpecscopeSpeculationNotPaying" not in fired[good], out
     by_batch = dict(re.findall(r"(\d+): ([\d.]+)x", re.search(r"by batch size (.*?);", sections[
         good]).group(1)))  # type: ignore[union-attr]
     assert float(by_batch["1"]) > 1.2 and float(by_batch["1"]) > float(by_batch["16"])
