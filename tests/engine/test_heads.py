@@ -125,6 +125,8 @@ def test_the_verdict_measured_against_a_baseline_and_from_configs(pair: tuple[An
           f"from configs (ratio {configs.c / measured_est.c:.2f})")
     assert measured > 1.3 and measured_est.pays and configs.pays  # it pays, and specscope says so either way
     assert measured_est.expected_speedup == pytest.approx(measured, rel=0.15)
+    if min(ratios) > 1.0:  # every round paid: so must the call, and no "not paying" may be in sight
+        assert measured_est.pays and not measured_est.surely_loses
     assert 0 < measured_est.c < 1 and 0 < configs.c < 1
     # A K = 0 range would still run the head's pass each step: priced below plain.
     assert measured_est.k0_speedup < 1.0

@@ -187,6 +187,9 @@ def test_the_recommended_schedule_followed_as_vllm_takes_it_measures_what_was_pr
             print(f"batch {b}: schedule K={c.k} promised {c.speedup:.2f}x, measured {followed_x:.2f}x; "
                   f"K=0 priced {c.k0_speedup:.2f}x, measured {zero_x:.2f}x")
             assert followed_x == pytest.approx(c.speedup, rel=0.2)
+            rounds = ratios["followed"][b]
+            if min(rounds) > 1.0 or max(rounds) < 1.0:  # every round on one side of 1.0: the call must agree
+                assert (c.speedup >= 1.0) == (min(rounds) > 1.0), (b, rounds, c)
             assert zero_x < 0.95 and zero_x == pytest.approx(c.k0_speedup, rel=0.2)
     finally:
         shutdown(followed)
