@@ -78,6 +78,7 @@ def test_the_interval_comes_from_the_spread_of_the_requests_and_holds_the_point(
     assert high - low > 0.2 * est.expected_speedup
     assert "90% interval over 20 requests" in est.explain()
     assert all(lo <= p <= hi for lo, p, hi in zip(est.low, est.by_k, est.high, strict=True))
+    assert (est.low[est.k], est.high[est.k]) == est.interval  # the bands agree with the running K's interval
 
 
 def test_no_interval_from_too_few_requests_and_the_point_decides() -> None:
@@ -100,9 +101,11 @@ def test_not_paying_fires_only_when_speculation_loses_with_confidence(c: float, 
 
 
 def _estimate(k: int, by_k: tuple[float, ...], high: tuple[float, ...] = ()) -> SpeedupEstimate:
+    low = tuple(x - 0.1 for x in high)
     return SpeedupEstimate(alpha=0.7, k=k, c=0.1, c_basis="measured", c_source="", tokens_per_step=3.0,
                            tokens_observed=True, decode_speedup=by_k[k], prefill_share=None, by_k=by_k,
-                           k0_speedup=0.9, low=tuple(x - 0.1 for x in high) if high else (), high=high)
+                           k0_speedup=0.9, interval=(low[k], high[k]) if high else None,
+                           bands=(lambda: (low, high)) if high else None)
 
 
 def test_the_advice_keeps_the_running_k_where_the_best_is_within_its_noise() -> None:
@@ -117,3 +120,15 @@ def test_the_advice_keeps_the_running_k_where_the_best_is_within_its_noise() -> 
     losing = (1.0, 0.8, 0.7) + (0.6,) * (acc.K_MAX - 2)
     assert _estimate(1, losing, high=tuple(x + 0.25 for x in losing)).advised_k == 1
     assert _estimate(1, losing, high=tuple(x + 0.1 for x in losing)).advised_k == 0
+
+
+@pytest.mark.parametrize(("plain_s", "suspect"), [(0.0036, True), (0.0019, False)])
+def test_a_measured_c_under_the_drafts_parameter_share_is_called_suspect(plain_s: float, suspect: bool) -> None:
+    """A draft as large as its target (parameter share 1.0) costs at least its share of a step, overhead and
+    verifying K+1 tokens only add: c measured at 0.31 says the baseline was timed on a slower machine; 0.80 passes."""
+    clock = Clock()
+    hub = speculative_hub(clock)  # a draft as large as the target; speculative steps of 8 ms at batch 1
+    hub.set_baseline(StepProfile((StepTime(1, 50, plain_s),), "b", SETUP))
+    est = estimate(hub.snapshot(), batch_size=1)
+    assert est is not None and est.measured and est.c == pytest.approx((0.008 / plain_s - 1) / 4)
+    assert ("likely timed while the machine ran slower" in est.explain()) == suspect

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specscope import acceptance as acc
 from specscope.model import (
@@ -24,6 +25,10 @@ MIN_TABLE_STEPS = 20
 #: Said of every estimate on an engine whose verification is lossy.
 LOSSY_CAVEAT = ("; acceptance counts loose accepts (rejection_sample_method fly): not comparable with exact "
                 "verification, and the speedup is that of the lossy method")
+
+
+#: An interval at every K: its low ends and its high ends, K = 0 .. 16.
+Bands = tuple[tuple[float, ...], tuple[float, ...]]
 
 
 @dataclass(frozen=True)
@@ -54,11 +59,13 @@ class SpeedupEstimate:
     k0_basis: str = ""
     #: What the estimate cannot account for, for people ("" when nothing).
     caveat: str = ""
-    #: The interval of ``by_k`` (:mod:`specscope.verdict.uncertainty`), K by K: its low and high ends, and what it
-    #: was drawn from; empty where it could not be drawn (too few requests with speculative numbers).
-    low: tuple[float, ...] = ()
-    high: tuple[float, ...] = ()
+    #: The expected speedup's interval at the running K (:mod:`specscope.verdict.uncertainty`) and what it was drawn
+    #: from; None where it could not be drawn (too few requests with speculative numbers).
+    interval: tuple[float, float] | None = None
     interval_basis: str = ""
+    #: Computes the interval at every K (``(low, high)``, read as :attr:`low` and :attr:`high`) when first asked: the
+    #: decisions need the running K's alone, and every K's costs a curve per draw.
+    bands: Callable[[], Bands] | None = field(default=None, compare=False, repr=False)
 
     @property
     def expected_speedup(self) -> float:
@@ -75,10 +82,19 @@ class SpeedupEstimate:
         """The speedup at :attr:`best_k` (1.0 when that is 0)."""
         return acc.best_k(self.by_k)[1]
 
+    @functools.cached_property
+    def _bands(self) -> Bands:
+        return self.bands() if self.bands is not None else ((), ())
+
     @property
-    def interval(self) -> tuple[float, float] | None:
-        """The expected speedup's interval at the running K; None where none could be drawn."""
-        return (self.low[self.k], self.high[self.k]) if self.k < len(self.high) else None
+    def low(self) -> tuple[float, ...]:
+        """The interval's low end at K = 0 .. 16 (empty without an interval)."""
+        return self._bands[0]
+
+    @property
+    def high(self) -> tuple[float, ...]:
+        """The interval's high end at K = 0 .. 16 (empty without an interval)."""
+        return self._bands[1]
 
     @property
     def advised_k(self) -> int:
@@ -110,7 +126,7 @@ class SpeedupEstimate:
 
     def _advised(self, curve: tuple[float, ...]) -> int:
         best = acc.best_k(curve)[0]
-        if best != self.k and self.k < len(self.high) and self.high[self.k] >= curve[best]:
+        if best != self.k and self.interval is not None and self.interval[1] >= curve[best]:
             return self.k
         return best
 
@@ -243,19 +259,21 @@ def _estimate(snap: Snapshot, cost: CostRatio | None, batch_size: int | None) ->
     tokens = observed if observed is not None else acc.tokens_per_step(k, rates, a)
     rho, draft_prefill = _prefill_per_decode(snap, batch, tokens), _draft_prefill(snap)
 
-    def curve(rates: tuple[float, ...], a: float, tokens: float, c: float) -> tuple[tuple[float, ...], float]:
-        """(end-to-end speedup at K = 0 .. K_MAX, decode speedup at the running K) for these inputs."""
+    def speedup_at(j: int, rates: tuple[float, ...], a: float, tokens: float, c: float) -> float:
+        """End-to-end speedup at K = ``j`` > 0 for these inputs (``tokens``: observed at the running K)."""
+        now = tokens / (k * c + 1.0)
+        if j == k:
+            return acc.end_to_end(now, now, rho or 0.0, draft_prefill)
         # The share of request-steps that drafted, so that the model reproduces what was observed at the running K.
         drafted = sum(rates)
         fraction = min(1.0, max(0.0, (tokens - 1.0) / drafted)) if drafted > 0 else 1.0
-        decode = [acc.tokens_per_step(j, rates, a, fraction) / (j * c + 1.0) for j in range(acc.K_MAX + 1)]
-        now = tokens / (k * c + 1.0)
-        if k < len(decode):
-            decode[k] = now
-        return (1.0, *(acc.end_to_end(s, now, rho or 0.0, draft_prefill) for s in decode[1:])), now
+        decode = acc.tokens_per_step(j, rates, a, fraction) / (j * c + 1.0)
+        return acc.end_to_end(decode, now, rho or 0.0, draft_prefill)
 
-    by_k, decode_now = curve(rates, a, tokens, cost.value)
-    low, high, basis = _interval(snap, batch, k, cost.value, measured is not None, (rates, a, tokens), curve)
+    by_k = (1.0, *(speedup_at(j, rates, a, tokens, cost.value) for j in range(1, acc.K_MAX + 1)))
+    decode_now = tokens / (k * cost.value + 1.0)
+    interval, basis, bands = _interval(snap, batch, k, cost.value, measured is not None, (rates, a, tokens),
+                                       speedup_at)
     k0, k0_basis = k0_decode(snap, cost)
     return SpeedupEstimate(
         alpha=a, k=k, c=cost.value, c_basis=_basis(cost, measured is not None),
@@ -263,31 +281,52 @@ def _estimate(snap: Snapshot, cost: CostRatio | None, batch_size: int | None) ->
         decode_speedup=decode_now, prefill_share=None if rho is None else rho / (1.0 + rho), by_k=by_k,
         batch_size=batch if measured is not None or observed is not None else None,
         k0_speedup=acc.end_to_end(k0, decode_now, rho or 0.0, draft_prefill), k0_basis=k0_basis,
-        caveat=LOSSY_CAVEAT if snap.engine.lossy_verification else "", low=low, high=high, interval_basis=basis,
+        caveat=(LOSSY_CAVEAT if snap.engine.lossy_verification else "") + _slow_baseline(snap, measured),
+        interval=interval,
+        interval_basis=basis, bands=bands,
     )
+
+
+def _slow_baseline(snap: Snapshot, measured: CostRatio | None) -> str:
+    """Why a measured c is suspect: under the draft's parameter share, which per-step overhead and verifying K+1
+    tokens only add to, a baseline timed while the machine ran slower (under load, or another day) puts it; ""
+    otherwise."""
+    sizes = snap.cost_ratio
+    if measured is None or sizes is None or sizes.draft_params is None or snap.engine.method in MODEL_FREE_METHODS:
+        return ""
+    if measured.value >= 0.8 * sizes.value:
+        return ""
+    return (f"; c measured ({measured.value:.2f}) is under the draft's parameter share ({sizes.value:.2f}): the "
+            "baseline was likely timed while the machine ran slower; recalibrate (`specscope calibrate`) as it runs "
+            "now")
 
 
 def _interval(snap: Snapshot, batch: int | None, k: int, c: float, measured: bool,
               point: tuple[tuple[float, ...], float, float],
-              curve: Callable[[tuple[float, ...], float, float, float], tuple[tuple[float, ...], float]],
-              ) -> tuple[tuple[float, ...], tuple[float, ...], str]:
-    """``(low, high, basis)`` of the speedup at every K: ``curve`` over the requests' resampled acceptance and, where
-    c is measured, a plain step time drawn from the baseline's spread; empty without enough requests."""
+              speedup_at: Callable[[int, tuple[float, ...], float, float, float], float],
+              ) -> tuple[tuple[float, float] | None, str, Callable[[], Bands] | None]:
+    """``(interval at the running K, basis, every K's interval when called)``: ``speedup_at`` over the requests'
+    resampled acceptance and, where c is measured, a plain step time drawn from the baseline's spread; None without
+    enough requests."""
     res = uncertainty.resample(snap)
     if res is None or not res.draws:
-        return (), (), ""
+        return None, "", None
     base = usable_baseline(snap)
     rows = [t for t in base.times if t.steps >= MIN_STEPS] if base is not None and measured and batch else []
     spread = min(rows, key=lambda t: abs(t.batch_size - (batch or 1))).spread if rows else 0.0
     rates, a, tokens = point
-    curves = []
-    for d, m in zip(res.draws, uncertainty.noise(len(res.draws), spread), strict=True):
-        scaled = tuple(r * (d.rates[i] if i < len(d.rates) else 1.0) for i, r in enumerate(rates))
-        c_draw = max(0.0, ((1.0 + k * c) / m - 1.0) / k) if spread else c
-        curves.append(curve(scaled, min(0.999, a * d.alpha), 1.0 + (tokens - 1.0) * d.gained, c_draw)[0])
-    low, high = zip(*(uncertainty.quantiles([cv[j] for cv in curves]) for j in range(len(curves[0]))), strict=True)
+    draws = [(tuple(r * (d.rates[i] if i < len(d.rates) else 1.0) for i, r in enumerate(rates)),
+              min(0.999, a * d.alpha), 1.0 + (tokens - 1.0) * d.gained,
+              max(0.0, ((1.0 + k * c) / m - 1.0) / k) if spread else c)
+             for d, m in zip(res.draws, uncertainty.noise(len(res.draws), spread), strict=True)]
+
+    def bands() -> Bands:
+        ends = [uncertainty.quantiles([speedup_at(j, *x) for x in draws]) for j in range(1, acc.K_MAX + 1)]
+        return (1.0, *(lo for lo, _ in ends)), (1.0, *(hi for _, hi in ends))
+
     basis = f"{uncertainty.COVERAGE:.0%} interval over {res.requests} requests"
-    return tuple(low), tuple(high), basis + (f" and the baseline's {spread:.0%} spread" if spread else "")
+    return (uncertainty.quantiles([speedup_at(k, *x) for x in draws]),
+            basis + (f" and the baseline's {spread:.0%} spread" if spread else ""), bands)
 
 
 def k0_decode(snap: Snapshot, cost: CostRatio) -> tuple[float, str]:
