@@ -158,11 +158,13 @@ class Workload:
 
 def prepare(prompts: Sequence[Prompt], tokenizer: Any, max_model_len: int, default_max_tokens: int) -> Workload:
     """Tokenize ``prompts`` with the target's tokenizer (chat messages through its chat template), leaving out
-    those whose prompt and output do not fit in ``max_model_len``."""
+    those whose prompt and output do not fit in ``max_model_len``. The classes are interleaved (each class's prompts
+    in file order, taken in turn in proportion to their counts), so that a measurement window, which takes the
+    prompts from the first, reaches every class however the file is sorted."""
     out: list[dict[str, list[int]]] = []
     lengths: list[int] = []
     labels: list[str | None] = []
-    for p in prompts:
+    for p in _interleaved(prompts):
         if p.messages is not None:
             try:
                 text = tokenizer.apply_chat_template([{"role": r, "content": c} for r, c in p.messages],
@@ -179,6 +181,17 @@ def prepare(prompts: Sequence[Prompt], tokenizer: Any, max_model_len: int, defau
         lengths.append(n)
         labels.append(p.traffic_class)
     return Workload(out, lengths, labels, len(prompts) - len(out), max_model_len)
+
+
+def _interleaved(prompts: Sequence[Prompt]) -> list[Prompt]:
+    """``prompts`` with their classes taken in turn, each in proportion to its count (stable within a class)."""
+    by_class: dict[str | None, list[Prompt]] = {}
+    for p in prompts:
+        by_class.setdefault(p.traffic_class, []).append(p)
+    # Each prompt's place: the i-th of a class of n sits at (i + 0.5) / n of the way through the list.
+    placed = [((i + 0.5) / len(group), order, p) for order, group in enumerate(by_class.values())
+              for i, p in enumerate(group)]
+    return [p for _, _, p in sorted(placed, key=lambda x: (x[0], x[1]))]
 
 
 # ----------------------------------------------------------------------------- measurements
@@ -417,7 +430,7 @@ class Runner:
                     run = cand.runs.setdefault(k, KRun(k))
                     self.spec = self._start(cand.config(k))
                     hub = self._measure(self.spec, run.cells, work, sizes, f"{label} K={k}")
-                    self._predict(cand, run, hub, sizes)
+                    self._predict(cand, run, hub, work, sizes)
                     _shutdown(self.spec)
                     self.spec = None
                 cand.schedule = choose_schedule(cand, sizes, max_batch)
@@ -483,7 +496,7 @@ class Runner:
                               f"(plain {tok_s['plain']:.0f} tok/s, speculative {tok_s['spec']:.0f}); {self.left()}")
         return hub
 
-    def _predict(self, cand: Candidate, run: KRun, hub: Any, sizes: Sequence[int]) -> None:
+    def _predict(self, cand: Candidate, run: KRun, hub: Any, work: Workload, sizes: Sequence[int]) -> None:
         """specscope's estimate of the run against the plain engine's step times measured now; acceptance by
         position and class; the draft's KV cost."""
         from specscope.measure import measure_step_times
@@ -491,7 +504,8 @@ class Runner:
         from specscope.verdict import estimate
 
         t0 = time.monotonic()
-        hub.set_baseline(measure_step_times(self.plain, sizes, tokens=64, rounds=1))
+        # On the workload's own prompts: the contexts the runs attend over, with no slope to extrapolate along.
+        hub.set_baseline(measure_step_times(self.plain, sizes, tokens=64, rounds=1, prompts=work.prompts, contexts=1))
         self._done("calibration", time.monotonic() - t0)
         snap = hub.snapshot()
         for b in sizes:

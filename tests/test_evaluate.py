@@ -65,8 +65,9 @@ def test_prepare_tokenizes_applies_the_chat_template_and_skips_what_does_not_fit
     prompts = [Prompt("a b c", traffic_class="x"), Prompt(messages=(("user", "hello there"),), max_tokens=4),
                Prompt("w " * 30, max_tokens=4), Prompt("short", max_tokens=40)]
     work = evaluate.prepare(prompts, FakeTokenizer(), max_model_len=20, default_max_tokens=8)
-    assert work.prompts == [{"prompt_token_ids": [1, 1, 1, 1]}, {"prompt_token_ids": [5, 5, 5, 10]}]
-    assert work.max_tokens == [8, 4] and work.classes == ["x", None]
+    # Classes interleaved by their share (the unlabelled one first: its first of three sits at 1/6 of the way).
+    assert work.prompts == [{"prompt_token_ids": [5, 5, 5, 10]}, {"prompt_token_ids": [1, 1, 1, 1]}]
+    assert work.max_tokens == [4, 8] and work.classes == [None, "x"]
     assert work.skipped_long == 2 and work.max_model_len == 20
 
     class NoTemplate(FakeTokenizer):
@@ -75,6 +76,18 @@ def test_prepare_tokenizes_applies_the_chat_template_and_skips_what_does_not_fit
 
     with pytest.raises(InputError, match="chat template"):
         evaluate.prepare(prompts[1:2], NoTemplate(), 20, 8)
+
+
+def test_a_file_sorted_by_class_is_measured_on_every_class_from_its_first_prompts() -> None:
+    """A measurement window takes the prompts from the first: 30 prose lines then 10 retrieval ones must not be
+    measured on prose alone (the retrieval class is what n-gram lookup is chosen for)."""
+    prompts = [Prompt(f"prose {i}", traffic_class="prose") for i in range(30)]
+    prompts += [Prompt(f"retrieval {i}", traffic_class="retrieval") for i in range(10)]
+    classes = evaluate.prepare(prompts, FakeTokenizer(), max_model_len=100, default_max_tokens=8).classes
+    assert classes.count("prose") == 30 and classes.count("retrieval") == 10
+    assert all(classes[i:i + 4].count("retrieval") == 1 for i in range(0, 40, 4))  # one in four, throughout
+    assert [p.text for p in evaluate._interleaved(prompts) if p.traffic_class == "prose"] == \
+        [p.text for p in prompts[:30]]  # each class keeps its file order
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
