@@ -52,16 +52,22 @@ def test_evaluate_ranks_the_good_draft_first_and_tells_the_weak_one_to_run_witho
         for kk, k in c["by_k"].items():
             assert len(k["per_position"]) == int(kk)
             assert set(k["batch"]) == {"1", "8"} and all(cell["speedup"] > 0 for cell in k["batch"].values())
-            # acceptance per class, from the requests the measured runs finished (the unrelated draft, at ~0.6x,
-            # may finish a single request in its 2.5 s windows: one class)
-            assert set(k["by_class"]) == {"prose", "chat"} if name != weak else {"prose", "chat"} >= set(k["by_class"])
+            # acceptance per class, from the requests the measured runs finished: the classes are interleaved, so
+            # a run that finished requests of its window's first two prompts or more has both (on this shared CPU a
+            # slow candidate may finish one request in its 2.5 s windows: one class)
             classes = k["by_class"].values()
             assert classes and all(a["drafted"] > 0 and a["acceptance"] is not None for a in classes)
+            finished = sum(a["requests"] for a in classes)
+            assert set(k["by_class"]) == {"prose", "chat"} if finished >= 4 else {"prose", "chat"} >= set(k["by_class"])
         if name in (good, weak):
             assert c["tokenizer"]["verdict"] == "identical"
         if name != "ngram":
             assert c["draft_kv_cost"]["blocks"] > 0
             assert all(cell["predicted"] is not None for k in c["by_k"].values() for cell in k["batch"].values())
+    # Every candidate's runs together saw both classes where they finished enough requests to: the class of each
+    # request reaches the report whatever the method.
+    assert {name for name, c in cands.items() if {cl for k in c["by_k"].values() for cl in k["by_class"]} ==
+            {"prose", "chat"}} >= {good, head}
     best = cands[good]["schedule"]
     assert best["best"]["1"]["best_k"] > 0 and best["best"]["1"]["best_speedup"] > 1.3  # it pays at batch 1
     assert best["speculative_config"] is not None and set(best["measured"]) == {"1", "8"}  # the schedule, measured

@@ -1,0 +1,212 @@
+"""Is the verdict true on the path a user takes? ``specscope calibrate`` as the CLI runs it by default, one run at
+the running K on one sample of traffic, and the predictions checked against measurements on another sample of the
+same traffic, for three model sizes.
+
+For each pair:
+
+- **baseline**: ``measure_step_times`` with the CLI's defaults (its own short prompts and a long contrast set, 64
+  tokens, 2 rounds; the batch sizes of the cells): no ``--prompts``, no flag a user must know;
+- **prediction**: a speculative engine at K = 4 (the running K) with that baseline runs sample A of the traffic
+  (``tiny_models.prompts(64, seed=11)``) with the batch held full at each batch size for a few seconds, once; the
+  estimate at each batch size gives the expected speedup at every K, with its interval;
+- **measured**: for K in 1, 2, 4, 6, a speculative engine at that K and the plain target run sample B
+  (``seed=12``) alternately, the batch held full, the median of the rounds' ratios of output tokens/s.
+
+Per cell (K × batch size): the error of the prediction, whether the measured speedup falls inside the stated
+interval, whether the pays / does-not-pay call is right where the measured speedup is outside 0.95-1.05, and
+whether a "not paying" call (the interval's top under 1.0, what the alert fires on) was made on a K that measured
+above 1.05. Pairs: the tiny family's target with its 2%-noise draft (1.1M parameters, a same-size draft: speculation
+loses), the deep01 target with its layer-0 draft (40.6M) on short prompts and on long retrieval-style ones (twelve
+passages, ~400 tokens: a context the calibration's short prompts do not have), and a wide target built here (12
+layers of width 1024, 158M parameters) with its layer-0 draft.
+
+Run: python benchmarks/bench_truth_user.py [--pairs tiny,deep01,deep01-rag,wide01] [--rounds 2]
+Results: benchmarks/results/truth_user.json (and truth_user.md, the table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+from benchmarks._common import RESULTS, write
+from specscope import tiny_models
+from specscope.measure import measure_step_times, steady_throughput
+
+KS = (1, 2, 4, 6)
+RUNNING_K = 4
+BATCHES = (1, 4, 16)
+TOKENS = 96
+WINDOW_S = 6.0
+SAMPLE_A, SAMPLE_B = tiny_models.prompts(64, seed=11), tiny_models.prompts(64, seed=12)
+
+
+def rag(prompts: list[str]) -> list[str]:
+    """Long, retrieval-style prompts (~400 tokens): twelve passages, then the question."""
+    return [" ".join(prompts[(i + j) % len(prompts)] for j in range(12)) for i in range(len(prompts))]
+
+
+def wide_pair(root: Path) -> tuple[Path, Path]:
+    """A 158M-parameter target (12 layers, width 1024) whose later layers are scaled by 0.01, and its layer 0."""
+    target, draft = root / "wide01-target", root / "wide01-draft"
+    if (target / "config.json").is_file() and (draft / "config.json").is_file():
+        return target, draft
+    import torch
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    dims = {"hidden": 1024, "intermediate": 2816, "heads": 16, "positions": 1024}
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(tiny_models._config(tiny_models.VOCAB_SIZE, 12, **dims)).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+        for layer in model.model.layers[1:]:
+            layer.self_attn.o_proj.weight.mul_(0.01)
+            layer.mlp.down_proj.weight.mul_(0.01)
+    small = LlamaForCausalLM(tiny_models._config(tiny_models.VOCAB_SIZE, 1, **dims)).eval()
+    small.load_state_dict({k: v for k, v in model.state_dict().items()
+                           if not k.startswith("model.layers.") or k.startswith("model.layers.0.")}, strict=True)
+    tok = AutoTokenizer.from_pretrained(tiny_models.build()["deep01-target"])
+    for m, path in ((model, target), (small, draft)):
+        m.save_pretrained(path, safe_serialization=True)
+        tok.save_pretrained(path)
+    return target, draft
+
+
+def pairs() -> dict[str, tuple[Path, Path, int, tuple[list[str], list[str]]]]:
+    """name -> (target, draft, max_model_len, (sample A, sample B))."""
+    models = tiny_models.build()
+    short, long = (SAMPLE_A, SAMPLE_B), (rag(SAMPLE_A), rag(SAMPLE_B))
+    out = {"tiny": (models["target"], models["noise2"], 512, short),
+           "deep01": (models["deep01-target"], models["deep01-draft"], 1024, short),
+           "deep01-rag": (models["deep01-target"], models["deep01-draft"], 1024, long)}
+    return out | {"wide01": (*wide_pair(tiny_models.cache_root().parent / "bench-models"), 1024, short)}
+
+
+def engine(target: Path, length: int, draft: Path | None = None, k: int = 0, **kw: Any) -> Any:
+    import specscope
+    from specscope.hub import Hub
+
+    spec: dict[str, Any] = {} if draft is None else {
+        "speculative_config": {"method": "draft_model", "model": str(draft), "num_speculative_tokens": k}}
+    return specscope.LLM(str(target), specscope_hub=Hub(window_s=600), enforce_eager=True, dtype="float32",
+                         max_model_len=length, seed=0, **spec, **kw)
+
+
+def shutdown(llm: Any) -> None:
+    llm.llm_engine.engine_core.shutdown()
+    gc.collect()
+
+
+def run_pair(name: str, target: Path, draft: Path, length: int, samples: tuple[list[str], list[str]],
+             rounds: int) -> dict[str, Any]:
+    from specscope.verdict import estimate
+
+    plain = engine(target, length)
+    print(f"{name}: calibrating as `specscope calibrate` does by default", flush=True)
+    baseline = measure_step_times(plain, BATCHES)
+    spec = engine(target, length, draft, RUNNING_K, specscope_baseline=baseline)
+    for b in BATCHES:
+        steady_throughput(spec, b, WINDOW_S, samples[0], TOKENS)
+    snap = spec.snapshot()
+    estimates = {b: estimate(snap, batch_size=b) for b in BATCHES}
+    shutdown(spec)
+    measured: dict[int, dict[int, float]] = {}
+    for k in KS:
+        spec = engine(target, length, draft, k)
+        measured[k] = {}
+        for b in BATCHES:
+            ratios = []
+            for r in range(rounds):
+                if r % 2:
+                    s = steady_throughput(spec, b, WINDOW_S, samples[1], TOKENS)
+                    p = steady_throughput(plain, b, WINDOW_S, samples[1], TOKENS)
+                else:
+                    p = steady_throughput(plain, b, WINDOW_S, samples[1], TOKENS)
+                    s = steady_throughput(spec, b, WINDOW_S, samples[1], TOKENS)
+                ratios.append(s / p)
+            measured[k][b] = statistics.median(ratios)
+        shutdown(spec)
+        print(f"{name} K={k}: measured " + ", ".join(f"batch {b} {measured[k][b]:.2f}x" for b in BATCHES),
+              flush=True)
+    shutdown(plain)
+    cells: list[dict[str, Any]] = []
+    for k in KS:
+        for b in BATCHES:
+            est, m = estimates[b], measured[k][b]
+            if est is None:
+                cells.append({"k": k, "batch": b, "measured": round(m, 3), "predicted": None})
+                continue
+            p = est.by_k[k]
+            iv = (est.low[k], est.high[k]) if est.high else None
+            decided = not 0.95 <= m <= 1.05
+            cells.append({
+                "k": k, "batch": b, "measured": round(m, 3), "predicted": round(p, 3),
+                "interval": None if iv is None else [round(iv[0], 3), round(iv[1], 3)],
+                "error": round(p / m - 1.0, 3), "within_10pct": abs(p / m - 1.0) <= 0.10,
+                "inside_interval": None if iv is None else iv[0] <= m <= iv[1],
+                "call_right": None if not decided else (p >= 1.0) == (m >= 1.0),
+                "wrong_not_paying": iv is not None and iv[1] < 1.0 and m > 1.05,
+            })
+    return {"cells": cells, "c": {b: None if e is None else round(e.c, 3) for b, e in estimates.items()},
+            "interval_basis": {b: None if e is None else e.interval_basis for b, e in estimates.items()},
+            "baseline": [{"batch": t.batch_size, "ms": round(1e3 * t.mean_s, 2), "context": round(t.context, 1),
+                          "us_per_context_token": round(1e6 * t.context_slope, 2), "spread": round(t.spread, 3)}
+                         for t in baseline.times]}
+
+
+def summarize(results: dict[str, Any]) -> dict[str, Any]:
+    cells = [c for r in results.values() for c in r["cells"] if c["predicted"] is not None]
+    intervals = [c for c in cells if c["inside_interval"] is not None]
+    calls = [c for c in cells if c["call_right"] is not None]
+    return {"cells": len(cells),
+            "within_10pct": sum(c["within_10pct"] for c in cells),
+            "inside_interval": sum(c["inside_interval"] for c in intervals), "with_interval": len(intervals),
+            "calls_right": sum(c["call_right"] for c in calls), "calls": len(calls),
+            "wrong_not_paying": sum(c["wrong_not_paying"] for c in cells)}
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = ["| pair | K | " + " | ".join(f"batch {b}: measured / predicted (interval)" for b in BATCHES) + " |",
+             "|---|---|" + "---|" * len(BATCHES)]
+    for name, r in results.items():
+        by = {(c["k"], c["batch"]): c for c in r["cells"]}
+        for k in KS:
+            row = []
+            for b in BATCHES:
+                c = by[(k, b)]
+                iv = c.get("interval")
+                row.append(f"{c['measured']:.2f} / " + ("n/a" if c["predicted"] is None else f"{c['predicted']:.2f}")
+                           + ("" if not iv else f" ({iv[0]:.2f}-{iv[1]:.2f})"))
+            lines.append(f"| {name} | {k} | " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pairs", default="tiny,deep01,deep01-rag,wide01")
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    available = pairs()
+    results = {}
+    for name in args.pairs.split(","):
+        results[name] = run_pair(name, *available[name], args.rounds)
+        doc = {"workload": f"greedy, {TOKENS} output tokens a request, batch sizes {BATCHES} held full for "
+                           f"{WINDOW_S:g} s; predicted from one K={RUNNING_K} run on sample A (seed 11) against a "
+                           "baseline of `specscope calibrate`'s defaults; measured on sample B (seed 12), median of "
+                           f"{args.rounds} alternating rounds",
+               "summary": summarize(results), "pairs": results}
+        write("truth_user", doc)
+        (RESULTS / "truth_user.md").write_text(table(results))
+        print(summarize(results), flush=True)
+
+
+if __name__ == "__main__":
+    main()
