@@ -58,7 +58,8 @@ def measure_step_times(llm: Any, batch_sizes: Sequence[int], tokens: int = 64, r
             continue
         other = contrast.get(t.batch_size)
         slope = 0.0
-        if other is not None and other.steps and t.context and other.context and other.context != t.context:
+        if other is not None and other.steps and t.context and other.context and \
+                abs(other.context - t.context) >= 0.5 * max(other.context, t.context):  # far enough apart to tell
             slope = max(0.0, (other.mean_s - t.mean_s) / (other.context - t.context))
         means = [r.mean_s for m in measured[0] for r in m.times if r.batch_size == t.batch_size and r.steps]
         spread = statistics.stdev(means) / t.mean_s if len(means) > 1 and t.mean_s > 0 else 0.0
