@@ -73,7 +73,7 @@ def measured_cost(snap: Snapshot, batch_size: int) -> CostRatio | None:
 
 
 def _priced_at(base: StepProfile, batch_size: int, context: float | None) -> str:
-    """Where the baseline was priced: " at 412 tokens of context (calibrated at 60 and 560)", or why not."""
+    """Where the baseline was priced: " at 412 tokens of context (calibrated at 60 tokens)", or why not."""
     rows = [t for t in base.times if t.steps >= MIN_STEPS]
     if not rows or not any(t.context_slope for t in rows):
         return " (a baseline with no context dependence measured)"

@@ -50,7 +50,7 @@ def _counts(hist: Sequence[int]) -> tuple[int, int, list[int], int]:
     k = len(hist) - 1
     steps = sum(hist)
     per_pos = [sum(hist[i + 1:]) for i in range(k)]
-    return steps, sum(j * h for j, h in enumerate(hist)), per_pos, steps - hist[k] if k >= 0 else 0
+    return steps, sum(j * h for j, h in enumerate(hist)), per_pos, steps - hist[k]
 
 
 def _summary(items: Sequence[tuple[int, int, list[int], int]]) -> tuple[tuple[float, ...], float, float] | None:
