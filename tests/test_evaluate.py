@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from specscope import cli, evaluate
-from specscope.evaluate import Candidate, Cell, Evaluation, InputError, KRun, Prompt
+from specscope import cli
+from specscope.evaluate import render as evaluate
+from specscope.evaluate.render import Candidate, Cell, Evaluation, InputError, KRun, Prompt
 from specscope.model import ClassCounts
 
 
