@@ -1,14 +1,14 @@
 """specscope's hand-rolled JSON codec against msgspec's, on a snapshot with 1,000 request records (issue 20).
 
 Today: ``b"".join(codec.encode(snap))`` (the bytes the endpoint and the middleware send) and
-``Snapshot.from_dict(json.loads(body))`` (what ``top --url``, the recorder and the shared files read back).
+``codec.from_dict(json.loads(body))`` (what ``top --url``, the recorder and the shared files read back).
 msgspec (a vLLM dependency) encodes and decodes the frozen dataclasses from their type hints:
 ``msgspec.json.Encoder().encode(snap)`` and ``msgspec.json.Decoder(Snapshot).decode(body)``. Its native document
 has the fields only: the derived values today's document carries (acceptance rate, α, KV fragmentation, ...) are
 properties, which msgspec does not write. So two more ways are timed: msgspec writing today's document
-(``encode(snap.to_dict())``, same bytes) and msgspec reading today's document (it skips the derived keys), and,
+(``encode(codec.to_dict(snap))``, same bytes) and msgspec reading today's document (it skips the derived keys), and,
 for the readers that hold a parsed dict (report, recorder), ``msgspec.convert(d, Snapshot)`` against
-``Snapshot.from_dict(d)``.
+``codec.from_dict(d)``.
 
 The snapshot is bench_scrape's hub (1,000 requests) with every optional part filled in (GPU, tokenizer, cost,
 baseline with its setup, K schedule, draft memory, per-position acceptance, health, records with trace contexts,
@@ -128,7 +128,7 @@ def today_encode(snap: Snapshot) -> bytes:
 
 
 def today_decode(body: bytes) -> Snapshot:
-    return Snapshot.from_dict(json.loads(body))
+    return codec.from_dict(json.loads(body))
 
 
 def missing_keys(ours: Any, theirs: Any, path: str = "") -> set[str]:
@@ -203,7 +203,7 @@ def main() -> None:
 
     ours = today_encode(snap)
     theirs = enc.encode(snap)
-    same_wire = enc.encode(snap.to_dict())
+    same_wire = enc.encode(codec.to_dict(snap))
     parsed = json.loads(ours)
 
     back = today_decode(ours)
@@ -221,10 +221,10 @@ def main() -> None:
     for name, base, alt in (
         ("encode: today vs msgspec native", lambda: today_encode(snap), lambda: enc.encode(snap)),
         ("encode: today vs msgspec writing today's document", lambda: today_encode(snap),
-         lambda: enc.encode(snap.to_dict())),
+         lambda: enc.encode(codec.to_dict(snap))),
         ("decode: today vs msgspec native", lambda: today_decode(ours), lambda: dec.decode(theirs)),
         ("decode: today vs msgspec reading today's document", lambda: today_decode(ours), lambda: dec.decode(ours)),
-        ("dict to snapshot: from_dict vs msgspec.convert", lambda: Snapshot.from_dict(parsed),
+        ("dict to snapshot: from_dict vs msgspec.convert", lambda: codec.from_dict(parsed),
          lambda: msgspec.convert(parsed, Snapshot)),
     ):
         a, b, ratio = paired_ns(base, alt, calls, repeats)

@@ -41,7 +41,7 @@ from urllib.parse import parse_qs
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import write
-from specscope.codec import encode
+from specscope import codec
 from specscope.collectors import vllm_reader
 from specscope.collectors.middleware import SpecscopeMiddleware
 from specscope.hub import Hub, StepStats
@@ -116,7 +116,7 @@ def server_hub() -> tuple[Hub, Kept]:
 
 async def whole(hub: Hub, scope: Any, receive: Any, send: Any) -> None:
     """The first version: build and encode everything on the loop."""
-    payload = json.dumps(hub.snapshot().to_dict()).encode()
+    payload = json.dumps(codec.to_dict(hub.snapshot())).encode()
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-type", b"application/json")]})
     await send({"type": "http.response.body", "body": payload})
@@ -131,7 +131,7 @@ class OnTheLoop(SpecscopeMiddleware):
         await self._send(send, *self._assemble(_since(scope)))
 
     def _assemble(self, since: int | None) -> tuple[bytes, Iterator[bytes]]:
-        pieces = encode(self.hub.snapshot(), since)
+        pieces = codec.encode(self.hub.snapshot(), since)
         return next(pieces), pieces
 
     async def _send(self, send: Any, first: bytes, pieces: Iterator[bytes]) -> None:

@@ -121,7 +121,7 @@ def _value(tp: Any, v: Any) -> Any:
 
 @functools.cache
 def _names(cls: type) -> tuple[str, ...]:
-    """A dataclass's field names, then its derived values' (what :meth:`Snapshot.to_dict` writes)."""
+    """A dataclass's field names, then its derived values' (what :func:`to_dict` writes)."""
     return tuple(f.name for f in dataclasses.fields(cls) if f.init) + _DERIVED.get(cls, ())
 
 

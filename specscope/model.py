@@ -4,6 +4,7 @@ Collectors feed :class:`specscope.hub.Hub`; the hub hands out :class:`Snapshot` 
 below. Derived values (acceptance rate, α, fragmentation, rates per second) are properties computed here from
 counts, through :mod:`specscope.acceptance`, so there is one definition of each. Fields that a source cannot
 provide are ``None`` ("unavailable"), never zero: an engine without speculation has ``spec is None``.
+The types do not know their wire format: :mod:`specscope.codec` reads them.
 """
 
 from __future__ import annotations
@@ -706,17 +707,3 @@ class Snapshot:
         return replace(self, lifetime=view.lifetime, window=view.window, running=view.running, waiting=view.waiting,
                        kv=view.kv, decode_batch=view.decode_batch, engines=(view,), attributed=None,
                        requests=tuple(r for r in self.requests if r.engine in (index, None)) if requests else ())
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict: fields plus the derived values consumers need (:mod:`specscope.codec`)."""
-        from specscope import codec
-
-        return codec.to_dict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Snapshot:
-        """The inverse of :meth:`to_dict` (derived values are recomputed); ValueError on a malformed dict or one
-        written in a newer wire format."""
-        from specscope import codec
-
-        return codec.from_dict(d)

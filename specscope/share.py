@@ -37,7 +37,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specscope.codec import encode
+from specscope import codec
 from specscope.model import Snapshot
 
 if TYPE_CHECKING:
@@ -191,7 +191,7 @@ class ProcessShare:
 
     def _publish(self) -> None:
         snap = self._local.local_snapshot()
-        data = b"".join(encode(replace(snap, requests=snap.requests[-PUBLISHED_REQUESTS:])))
+        data = b"".join(codec.encode(replace(snap, requests=snap.requests[-PUBLISHED_REQUESTS:])))
         tmp = self.directory / f".{self.rank}.{secrets.token_hex(8)}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN, 0o600)
         try:
@@ -212,7 +212,7 @@ class ProcessShare:
         with os.fdopen(_open_private(path, os.O_RDONLY), "rb") as f:
             data = f.read()
         try:
-            return Snapshot.from_dict(json.loads(data))
+            return codec.from_dict(json.loads(data))
         except ValueError as exc:
             raise ValueError(f"{path}: {exc}") from None
 

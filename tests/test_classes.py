@@ -8,10 +8,10 @@ from urllib.parse import quote
 
 import pytest
 
-from specscope import classes
+from specscope import classes, codec
 from specscope.hub import Hub, StepStats
 from specscope.merge import merge
-from specscope.model import EngineInfo, RequestRecord, Snapshot
+from specscope.model import EngineInfo, RequestRecord
 from specscope.request_log import MAX_FOLDED
 
 
@@ -173,9 +173,9 @@ def test_classes_merge_by_name_and_survive_the_json_codec() -> None:
     by = {c.name: c for c in merged.classes}
     assert by["code"].lifetime.requests == 2 and by["code"].lifetime.accepted_by_position == (2, 1)
     assert by["code"].window.draft_tokens == 2 + 2 * 1
-    back = Snapshot.from_dict(json.loads(json.dumps(merged.to_dict())))
+    back = codec.from_dict(json.loads(json.dumps(codec.to_dict(merged))))
     assert back.classes == merged.classes and back.folded_classes == merged.folded_classes
-    assert merged.to_dict()["classes"][0]["window"]["acceptance_rate"] is not None
+    assert codec.to_dict(merged)["classes"][0]["window"]["acceptance_rate"] is not None
 
 
 def test_the_class_rule_fires_for_the_weak_class_only_and_says_what_the_aggregate_hides() -> None:

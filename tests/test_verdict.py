@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 
 from specscope import acceptance as acc
+from specscope import codec
 from specscope.alerts.evaluate import Evaluator
 from specscope.alerts.rules import BY_RULE, Thresholds
 from specscope.hub import Hub, StepStats
-from specscope.model import CostRatio, EngineInfo, EngineSetup, Snapshot, StepProfile, StepTime
+from specscope.model import CostRatio, EngineInfo, EngineSetup, StepProfile, StepTime
 from specscope.verdict import (
     ASSUMED_VERIFY_COST,
     by_batch_line,
@@ -133,7 +134,7 @@ def test_hub_times_decode_steps_and_prefill_by_batch_size() -> None:
     assert by[1].steps == 4 and by[1].mean_s == pytest.approx(0.005) and by[1].tokens_per_request_step == 1.0
     assert snap.decode_batch == 1
     assert snap.lifetime.prefills == 2
-    d = snap.to_dict()["lifetime"]["step_times"]["times"][0]
+    d = codec.to_dict(snap)["lifetime"]["step_times"]["times"][0]
     assert d["batch_size"] == 1 and d["steps"] == 4 and d["mean_s"] == pytest.approx(0.005)
 
 
@@ -446,4 +447,4 @@ def test_the_verdict_is_computed_once_per_snapshot_and_afresh_for_a_changed_one(
     assert changed.derived == {}  # a changed snapshot starts afresh ...
     again = estimate(changed, batch_size=1)
     assert again is not None and not again.measured  # ... and its verdict follows the change
-    assert Snapshot.from_dict(snap.to_dict()) == snap and "derived" not in snap.to_dict()
+    assert codec.from_dict(codec.to_dict(snap)) == snap and "derived" not in codec.to_dict(snap)

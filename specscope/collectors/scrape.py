@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol, runtime_checkable
 
+from specscope import codec
 from specscope.auth import read_url
 from specscope.catalogue import exported_name as _p
 from specscope.collectors.middleware import SNAPSHOT_PATH
@@ -129,7 +130,7 @@ class EndpointSource:
         text = http_get(url, self.timeout, self.headers)
         try:
             doc = json.loads(text)
-            return isinstance(doc, dict) and "requests_since" in doc, Snapshot.from_dict(doc)
+            return isinstance(doc, dict) and "requests_since" in doc, codec.from_dict(doc)
         except ValueError as exc:
             raise SourceError(f"{self.url}: not a specscope snapshot ({str(exc)[:80]})") from None
 

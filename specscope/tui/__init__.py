@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
+from specscope import codec
 from specscope.alerts.rules import Thresholds
 from specscope.auth import is_loopback
 from specscope.collectors.scrape import (
@@ -228,7 +229,7 @@ def _once(targets: list[Target], args: argparse.Namespace, player: object | None
     if refused:
         return 2
     if args.json:
-        docs = {t.name: t.windowed(args.window).to_dict() for t in good}  # type: ignore[union-attr]
+        docs = {t.name: codec.to_dict(t.windowed(args.window)) for t in good}  # type: ignore[arg-type]
         print(json.dumps(next(iter(docs.values())) if len(targets) == 1 and docs else docs, indent=1))
     else:
         for t in good:

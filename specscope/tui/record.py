@@ -15,6 +15,7 @@ from collections import deque
 from pathlib import Path
 from typing import IO, Any
 
+from specscope import codec
 from specscope.collectors.scrape import SourceError
 from specscope.model import RequestRecord, Snapshot
 
@@ -42,7 +43,7 @@ class Recorder:
         new = sorted((r for r in snap.requests if r.final_seq > last), key=lambda r: r.final_seq)
         if new:
             self._last_seq[target] = new[-1].final_seq
-        d = dataclasses.replace(snap, requests=tuple(new)).to_dict()
+        d = codec.to_dict(dataclasses.replace(snap, requests=tuple(new)))
         line = json.dumps({"t": snap.time, "target": target, "snapshot": d}, separators=(",", ":")) + "\n"
         if self._written + len(line) > self.max_bytes:
             self.full = True
@@ -121,7 +122,7 @@ class Player:
             self._ahead = None
             _, target, d = nxt
             try:
-                snap = Snapshot.from_dict(d)
+                snap = codec.from_dict(d)
             except ValueError:
                 continue
             kept = self._requests.setdefault(target, deque(maxlen=MAX_REQUESTS))

@@ -11,12 +11,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from specscope import auth
+from specscope import auth, codec
 from specscope.collectors.scrape import EndpointSource
 from specscope.hub import Hub
 from specscope.tui import auth_headers
 
-SNAPSHOT = json.dumps(Hub().snapshot().to_dict()).encode()
+SNAPSHOT = json.dumps(codec.to_dict(Hub().snapshot())).encode()
 
 
 class Server:

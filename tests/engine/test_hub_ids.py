@@ -20,6 +20,7 @@ pytestmark = pytest.mark.engine
 SCRIPT = r'''
 import asyncio, json, sys
 import specscope, vllm
+from specscope import codec
 from specscope.verdict import estimate
 from vllm import SamplingParams
 
@@ -32,7 +33,7 @@ PARAMS = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 def result(hub):
     snap = hub.snapshot()
     est = estimate(snap)
-    return {"snapshot": snap.to_dict(), "estimate": None if est is None else est.explain(),
+    return {"snapshot": codec.to_dict(snap), "estimate": None if est is None else est.explain(),
             "best_k": None if est is None else est.best_k}
 
 

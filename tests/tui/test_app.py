@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from specscope import codec
 from specscope.collectors.scrape import EndpointSource
 from specscope.fleet import Target
 from specscope.tui.app import HelpScreen, TopApp
@@ -153,7 +154,7 @@ async def test_source_loss_and_recovery() -> None:
 
     def handle(req: Any) -> None:
         if state["up"]:
-            reply(req, 200, json.dumps(hub.snapshot().to_dict()).encode())
+            reply(req, 200, json.dumps(codec.to_dict(hub.snapshot())).encode())
         else:
             reply(req, 200, b"garbage")
 

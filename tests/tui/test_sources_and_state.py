@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from specscope import codec
 from specscope.collectors.promtext import parse
 from specscope.collectors.scrape import EndpointSource, SourceError, sglang_snapshot, sglang_source, vllm_snapshot
 from specscope.endpoint import Endpoint
@@ -22,9 +23,9 @@ FIXTURES = Path(__file__).parent.parent / "fixtures"
 
 def test_snapshot_round_trips_through_json() -> None:
     snap = busy_hub(Clock()).snapshot()
-    assert Snapshot.from_dict(json.loads(json.dumps(snap.to_dict()))) == snap
+    assert codec.from_dict(json.loads(json.dumps(codec.to_dict(snap)))) == snap
     with pytest.raises(ValueError, match="not a specscope snapshot"):
-        Snapshot.from_dict({"time": "yesterday"})
+        codec.from_dict({"time": "yesterday"})
 
 
 def test_endpoint_source_reads_the_full_snapshot() -> None:
@@ -136,11 +137,11 @@ def test_unreachable_slow_and_garbage_targets_show_and_recover() -> None:
             reply(req, 200, b"<html>502 Bad Gateway</html>")
         elif state["mode"] == "slow":
             time.sleep(1.0)
-            reply(req, 200, json.dumps(hub.snapshot().to_dict()).encode())
+            reply(req, 200, json.dumps(codec.to_dict(hub.snapshot())).encode())
         elif state["mode"] == "error":
             reply(req, 503, b"down")
         else:
-            reply(req, 200, json.dumps(hub.snapshot().to_dict()).encode())
+            reply(req, 200, json.dumps(codec.to_dict(hub.snapshot())).encode())
 
     with http_server(handle) as url:
         t = Target(EndpointSource(url, timeout=0.3))
