@@ -29,7 +29,7 @@ def import_graph() -> dict[str, set[str]]:
                 base = node.module or ""
                 if node.level:
                     anchor = package.split(".")[: package.count(".") + 2 - node.level]
-                    base = ".".join(anchor + [base] if base else anchor)
+                    base = ".".join([*anchor, base] if base else anchor)
                 deps |= {f"{base}.{a.name}" if f"{base}.{a.name}" in paths else base for a in node.names}
         graph[mod] = {d for d in deps if d in paths and d != mod}
     return graph
@@ -42,7 +42,7 @@ def cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
     def walk(mod: str) -> list[str] | None:
         if mod in path:
-            return path[path.index(mod):] + [mod]
+            return [*path[path.index(mod):], mod]
         if mod in done:
             return None
         path.append(mod)
