@@ -164,7 +164,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         print("specscope: error: the baseline is the target without speculation; drop speculative_config",
               file=sys.stderr)
         return 2
-    from specscope.evaluate import InputError, load_prompts, prepare
+    from specscope.evaluate.workload import InputError, load_prompts, prepare
     from specscope.measure import measure_step_times
     from specscope.wrapper import LLM
 
@@ -209,10 +209,10 @@ def _report(args: argparse.Namespace) -> int:
     if args.duration < 0 or args.interval <= 0 or args.window <= 0:
         print("specscope: error: --duration must be 0 or more, --interval and --window positive", file=sys.stderr)
         return 2
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        print("specscope: error: the report draws with matplotlib: pip install 'specscope[report]'", file=sys.stderr)
+    from specscope.figures import matplotlib_missing
+
+    if missing := matplotlib_missing():
+        print(f"specscope: error: {missing}", file=sys.stderr)
         return 2
     try:
         baseline = load_profile(args.baseline) if args.baseline else None

@@ -11,17 +11,17 @@ Plots are PNGs inside the page (matplotlib, the ``report`` extra); nothing is fe
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from specscope import acceptance as acc
+from specscope import codec
+from specscope.figures import draw_png, html_page, html_table, img, na
 from specscope.model import RequestRecord, Snapshot, StepProfile, TrafficClass
 from specscope.summary import percent, summary
 from specscope.verdict import by_batch_size, class_speedup, estimate, k_table, recommended_config, with_baseline
@@ -92,7 +92,7 @@ def _from_text(source: str, text: str, window_s: float) -> Report:
     for line in text.splitlines():
         try:
             d = json.loads(line)
-            snaps.setdefault(str(d["target"]), []).append(Snapshot.from_dict(d["snapshot"]))
+            snaps.setdefault(str(d["target"]), []).append(codec.from_dict(d["snapshot"]))
         except (ValueError, KeyError, TypeError):
             continue
     if not snaps:
@@ -147,24 +147,6 @@ def _engine(name: str, series: list[Snapshot], window_s: float) -> EngineReport:
 
 
 # ----------------------------------------------------------------------------- plots
-def _png(draw: Callable[[Any], None], width: float = 6.4, height: float = 3.2) -> bytes:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(width, height), dpi=110)
-    try:
-        draw(ax)
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png")
-        return buf.getvalue()
-    finally:
-        plt.close(fig)
-
-
 def _acceptance_over_time(e: EngineReport) -> Callable[[Any], None]:
     def draw(ax: Any) -> None:
         xs, ys = zip(*e.acceptance, strict=True)
@@ -270,25 +252,25 @@ def _class_table(snap: Snapshot) -> str:
                                                          c.window.acceptance_rate or 0.0))]
     folded = (f"<p>{snap.folded_classes} more class names were counted as other.</p>" if snap.folded_classes
               else "")
-    return _table(["class", "kind", "requests", "share", "acceptance", "mean length", "by position",
-                   "lifetime acceptance", "expected speedup"], rows) + folded
+    return html_table(["class", "kind", "requests", "share", "acceptance", "mean length", "by position",
+                        "lifetime acceptance", "expected speedup"], rows) + folded
 
 
 def _class_section(name: str, snap: Snapshot, figures: dict[str, bytes]) -> str:
     """Acceptance by traffic class: a bar per drafting class against the weak-draft line, then the table."""
     out = ["<h3>Acceptance by traffic class</h3>"]
     if not snap.classes:
-        return out[0] + _na("n/a: no finished requests with a traffic class yet (classes come from baggage "
-                            "traffic_class, SPECSCOPE_CLASS_HEADER, the LoRA adapter, specscope_class= or the "
-                            "prompt-length bucket)")
+        return out[0] + na("n/a: no finished requests with a traffic class yet (classes come from baggage "
+                           "traffic_class, SPECSCOPE_CLASS_HEADER, the LoRA adapter, specscope_class= or the "
+                           "prompt-length bucket)")
     shown = sorted((c for c in snap.classes if c.window.acceptance_rate is not None),
                    key=lambda c: c.window.acceptance_rate or 0.0)
     if shown:
-        png = _png(_by_class(shown), height=max(2.4, 1.2 + 0.3 * len(shown)))
+        png = draw_png(_by_class(shown), height=max(2.4, 1.2 + 0.3 * len(shown)))
         figures[f"{_slug(name)}-classes"] = png
-        out.append(_img(png, "Acceptance by traffic class"))
+        out.append(img(png, "Acceptance by traffic class"))
     else:
-        out.append(_na("Acceptance by traffic class: no class drafted in the window"))
+        out.append(na("Acceptance by traffic class: no class drafted in the window"))
     return "".join(out) + _class_table(snap)
 
 
@@ -314,32 +296,11 @@ def _truth_pair(name: str, pair: dict[str, Any]) -> Callable[[Any], None]:
 
 
 # ----------------------------------------------------------------------------- page
-_CSS = """body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;color:#222}
-h1{font-size:1.4rem}h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;margin:.5rem 0}td,th{border:1px solid #ccc;padding:.2rem .5rem;text-align:right}
-th{background:#f4f4f4}pre{background:#f7f7f7;padding:.6rem;overflow-x:auto;font-size:.8rem}
-img{max-width:100%}.na{color:#777;font-style:italic}"""
-
-
-def _img(png: bytes, alt: str) -> str:
-    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
-
-
-def _table(head: Iterable[str], rows: Iterable[Iterable[Any]]) -> str:
-    th = "".join(f"<th>{html.escape(str(h))}</th>" for h in head)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><tr>{th}</tr>{body}</table>"
-
-
-def _na(text: str) -> str:
-    return f'<p class="na">{html.escape(text)}</p>'
-
-
 def _engine_section(e: EngineReport, figures: dict[str, bytes]) -> str:
     snap = e.snapshot
     out = [f"<h2>{html.escape(e.name)}</h2>", f"<pre>{html.escape(summary(snap))}</pre>"]
     if snap.lifetime.spec is None:
-        return "".join([*out, _na("no speculation on this engine")])
+        return "".join([*out, na("no speculation on this engine")])
     plots: list[tuple[str, str, Callable[[Any], None] | None, str]] = [
         ("acceptance", "Acceptance over time", _acceptance_over_time(e) if e.acceptance else None,
          "acceptance over time needs a recording or a live endpoint polled for a while (--duration)"),
@@ -354,26 +315,26 @@ def _engine_section(e: EngineReport, figures: dict[str, bytes]) -> str:
     ]
     for key, title, draw, missing in plots:
         if draw is None:
-            out.append(_na(f"{title}: {missing}"))
+            out.append(na(f"{title}: {missing}"))
             continue
-        png = _png(draw)
+        png = draw_png(draw)
         figures[f"{_slug(e.name)}-{key}"] = png
-        out.append(_img(png, title))
+        out.append(img(png, title))
     out.append(_class_section(e.name, snap, figures))
     table = k_table(snap)
     if table:
         out.append("<h3>K table</h3>")
-        out.append(_table(["batch", "best K", "expected speedup", "running K", "its speedup", "K=0 in schedule"],
-                          [(c.batch_size, c.k, f"{c.speedup:.2f}x", c.running_k, f"{c.running_speedup:.2f}x",
-                            f"{c.k0_speedup:.2f}x") for c in table]))
+        out.append(html_table(["batch", "best K", "expected speedup", "running K", "its speedup", "K=0 in schedule"],
+                               [(c.batch_size, c.k, f"{c.speedup:.2f}x", c.running_k, f"{c.running_speedup:.2f}x",
+                                 f"{c.k0_speedup:.2f}x") for c in table]))
         config = recommended_config(snap)
         out.append("<p>Turn speculation off: remove speculative_config (a restart). No K pays at any batch size "
                    "measured, and a K=0 range in vLLM's schedule still runs the draft.</p>" if config is None else
                    "<p>vLLM schedule (speculative_config):</p><pre>"
                    + html.escape(json.dumps(config)) + "</pre>")
     else:
-        out.append(_na("K table: needs a baseline (specscope calibrate; --baseline) and 20 decode steps at a batch "
-                       "size"))
+        out.append(na("K table: needs a baseline (specscope calibrate; --baseline) and 20 decode steps at a batch "
+                      "size"))
     return "".join(out)
 
 
@@ -381,26 +342,26 @@ def _truth_section(doc: dict[str, Any], figures: dict[str, bytes]) -> str:
     s = doc["summary"]
     out = [f"<p>{html.escape(doc.get('workload', ''))}</p>",
            f"<p>Goal: {html.escape(doc.get('goal', ''))}</p>",
-           _table(["cells", "within 10%", "largest error", "verdicts right (outside 0.95-1.05)"],
-                  [(s["cells"], s["cells_within_10pct"], percent(s["max_abs_error"]),
-                    f"{s['verdicts_right']} of {s['verdict_cells']}")])]
+           html_table(["cells", "within 10%", "largest error", "verdicts right (outside 0.95-1.05)"],
+                       [(s["cells"], s["cells_within_10pct"], percent(s["max_abs_error"]),
+                         f"{s['verdicts_right']} of {s['verdict_cells']}")])]
     for name, pair in doc["pairs"].items():
-        png = _png(_truth_pair(name, pair), height=3.6)
+        png = draw_png(_truth_pair(name, pair), height=3.6)
         figures[f"truth-{_slug(name)}"] = png
-        out.append(f"<h2>{html.escape(name)}</h2>{_img(png, name)}")
+        out.append(f"<h2>{html.escape(name)}</h2>{img(png, name)}")
         rows = []
         for k, row in sorted(pair["cells"].items(), key=lambda kv: int(kv[0])):
             for b, c in sorted(row.items(), key=lambda kv: int(kv[0])):
                 pred = c["predicted"]
                 rows.append((k, b, f"{c['measured']:.2f}x", "n/a" if pred is None else f"{pred:.2f}x",
                              "n/a" if pred is None else f"{100 * (pred / c['measured'] - 1):+.0f}%"))
-        out.append(_table(["K", "batch", "measured", "predicted", "error"], rows))
+        out.append(html_table(["K", "batch", "measured", "predicted", "error"], rows))
     recs = s.get("recommended_k") or []
     if recs:
         out.append("<h2>Recommended K against the best K measured</h2>")
-        out.append(_table(["pair", "batch", "recommended", "best measured", "throughput / best"],
-                          [(r["pair"], r["batch"], r["recommended"], r["best_measured"],
-                            f"{r['throughput_vs_best']:.3f}") for r in recs]))
+        out.append(html_table(["pair", "batch", "recommended", "best measured", "throughput / best"],
+                               [(r["pair"], r["batch"], r["recommended"], r["best_measured"],
+                                 f"{r['throughput_vs_best']:.3f}") for r in recs]))
     return "".join(out)
 
 
@@ -413,7 +374,5 @@ def render(rep: Report) -> tuple[str, dict[str, bytes]]:
     figures: dict[str, bytes] = {}
     body = (_truth_section(rep.truth, figures) if rep.truth is not None
             else "".join(_engine_section(e, figures) for e in rep.engines))
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(rep.title)}</title>"
-            f"<style>{_CSS}</style></head><body><h1>{html.escape(rep.title)}</h1>"
-            f"<p>source: {html.escape(rep.source)}; made {time.strftime('%Y-%m-%d %H:%M:%S')}</p>{body}</body></html>")
-    return page, figures
+    return html_page(rep.title, f"<h1>{html.escape(rep.title)}</h1><p>source: {html.escape(rep.source)}; made "
+                                f"{time.strftime('%Y-%m-%d %H:%M:%S')}</p>{body}"), figures

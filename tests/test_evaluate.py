@@ -4,6 +4,7 @@ and an interrupt that still writes what was measured."""
 from __future__ import annotations
 
 import base64
+import html
 import json
 import re
 from pathlib import Path
@@ -12,8 +13,10 @@ from typing import Any
 import pytest
 
 from specscope import cli
-from specscope.evaluate import render as evaluate
-from specscope.evaluate.render import Candidate, Cell, Evaluation, InputError, KRun, Prompt
+from specscope.evaluate import choose, render, results, runner, workload
+from specscope.evaluate import cli as evaluate_cli
+from specscope.evaluate.results import Candidate, Cell, Evaluation, KRun
+from specscope.evaluate.workload import InputError, Prompt
 from specscope.model import ClassCounts
 
 
@@ -30,7 +33,7 @@ def test_json_lines_prompts_with_messages_classes_and_max_tokens(tmp_path: Path)
          "class": "chat"},
         {"prompt": "no class"},
     ])
-    prompts, skipped = evaluate.load_prompts(str(path))
+    prompts, skipped = workload.load_prompts(str(path))
     assert skipped == 0
     assert prompts == [Prompt("the river stone", None, "prose", 32),
                        Prompt(None, (("system", "be brief"), ("user", "hi")), "chat", None),
@@ -46,7 +49,7 @@ def test_sharegpt_takes_the_first_human_turn(tmp_path: Path) -> None:
         {"id": "b", "conversations": [{"from": "gpt", "value": "only the model speaks"}]},
         {"id": "c", "conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": "q"}]},
     ]))
-    prompts, skipped = evaluate.load_prompts(str(path))
+    prompts, skipped = workload.load_prompts(str(path))
     assert [p.text for p in prompts] == ["first question", "q"] and skipped == 1
 
 
@@ -65,7 +68,7 @@ class FakeTokenizer:
 def test_prepare_tokenizes_applies_the_chat_template_and_skips_what_does_not_fit() -> None:
     prompts = [Prompt("a b c", traffic_class="x"), Prompt(messages=(("user", "hello there"),), max_tokens=4),
                Prompt("w " * 30, max_tokens=4), Prompt("short", max_tokens=40)]
-    work = evaluate.prepare(prompts, FakeTokenizer(), max_model_len=20, default_max_tokens=8)
+    work = workload.prepare(prompts, FakeTokenizer(), max_model_len=20, default_max_tokens=8)
     # Classes interleaved by their share (the unlabelled one first: its first of three sits at 1/6 of the way).
     assert work.prompts == [{"prompt_token_ids": [5, 5, 5, 10]}, {"prompt_token_ids": [1, 1, 1, 1]}]
     assert work.max_tokens == [4, 8] and work.classes == [None, "x"]
@@ -76,7 +79,7 @@ def test_prepare_tokenizes_applies_the_chat_template_and_skips_what_does_not_fit
             raise ValueError("no chat template is set")
 
     with pytest.raises(InputError, match="chat template"):
-        evaluate.prepare(prompts[1:2], NoTemplate(), 20, 8)
+        workload.prepare(prompts[1:2], NoTemplate(), 20, 8)
 
 
 def test_a_file_sorted_by_class_is_measured_on_every_class_from_its_first_prompts() -> None:
@@ -84,10 +87,10 @@ def test_a_file_sorted_by_class_is_measured_on_every_class_from_its_first_prompt
     measured on prose alone (the retrieval class is what n-gram lookup is chosen for)."""
     prompts = [Prompt(f"prose {i}", traffic_class="prose") for i in range(30)]
     prompts += [Prompt(f"retrieval {i}", traffic_class="retrieval") for i in range(10)]
-    classes = evaluate.prepare(prompts, FakeTokenizer(), max_model_len=100, default_max_tokens=8).classes
+    classes = workload.prepare(prompts, FakeTokenizer(), max_model_len=100, default_max_tokens=8).classes
     assert classes.count("prose") == 30 and classes.count("retrieval") == 10
     assert all(classes[i:i + 4].count("retrieval") == 1 for i in range(0, 40, 4))  # one in four, throughout
-    assert [p.text for p in evaluate._interleaved(prompts) if p.traffic_class == "prose"] == \
+    assert [p.text for p in workload._interleaved(prompts) if p.traffic_class == "prose"] == \
         [p.text for p in prompts[:30]]  # each class keeps its file order
 
 
@@ -163,11 +166,11 @@ def test_each_kind_of_candidate_is_configured_as_vllm_takes_it(tiny: dict[str, P
     import argparse
 
     parser = argparse.ArgumentParser()
-    evaluate.add_arguments(parser)
+    evaluate_cli.add_arguments(parser)
     args = parser.parse_args([str(tiny["deep01-target"]), "--prompts", "p.jsonl", "--draft", str(tiny["deep01-draft"]),
                               "--eagle3", str(tiny["deep01-eagle3"]), "--eagle", str(tiny["deep01-eagle"]),
                               "--method", "ngram", "--method", "mtp"])
-    got = {c.method: c for c in evaluate._candidates(args)}
+    got = {c.method: c for c in evaluate_cli._candidates(args)}
     assert list(got) == ["draft_model", "eagle3", "eagle", "ngram", "mtp"]
     assert got["draft_model"].tokenizer is not None and got["draft_model"].tokenizer["verdict"] == "identical"
     assert all(got[m].tokenizer is None and got[m].status == "pending" for m in ("eagle3", "eagle", "ngram", "mtp"))
@@ -176,13 +179,14 @@ def test_each_kind_of_candidate_is_configured_as_vllm_takes_it(tiny: dict[str, P
     assert got["eagle"].config(2) == {"method": "eagle", "model": str(tiny["deep01-eagle"]),
                                       "num_speculative_tokens": 2}
     assert got["mtp"].config(1) == {"method": "mtp", "num_speculative_tokens": 1}
-    assert got["ngram"].config(4) == {**evaluate.NGRAM, "num_speculative_tokens": 4}
+    assert got["ngram"].config(4) == {**results.NGRAM, "num_speculative_tokens": 4}
     assert got["draft_model"].config(4)["method"] == "draft_model"
 
 
 def cand(name: str, cells: dict[int, dict[int, list[float]]], method: str = "draft_model",
          k0: float | None = 0.9) -> Candidate:
-    """A candidate with measured ratios (plain 100 tok/s) by K and batch size."""
+    """A candidate with measured ratios by K and batch size (plain 100 tok/s a request: a plain step takes as long at
+    every batch size)."""
     c = Candidate(name, method, None if method == "ngram" else name, status="measured",
                   tokenizer=None if method == "ngram" else {"verdict": "identical", "reasons": [], "warnings": []})
     for k, by_b in cells.items():
@@ -190,7 +194,8 @@ def cand(name: str, cells: dict[int, dict[int, list[float]]], method: str = "dra
                                by_class={"chat": ClassCounts(4, 20, 40, 30, (18, 12)),
                                          "code": ClassCounts(3, 15, 30, 12, (8, 4))})
         for b, ratios in by_b.items():
-            run.cells[b] = Cell([100.0] * len(ratios), [100.0 * r for r in ratios], predicted=ratios[0] * 1.05)
+            run.cells[b] = Cell([100.0 * b] * len(ratios), [100.0 * b * r for r in ratios],
+                                predicted=ratios[0] * 1.05)
             if k0 is not None:
                 run.k0_price[b] = k0
     return c
@@ -201,28 +206,73 @@ WEAK = {2: {1: [0.8, 0.85], 8: [0.6, 0.62]}, 4: {1: [0.6, 0.65], 8: [0.4, 0.41]}
 
 
 def test_schedule_best_k_by_batch_size_and_k0_priced() -> None:
-    good = evaluate.choose_schedule(cand("good", GOOD), [1, 8], max_batch=256)
+    good = choose.choose_schedule(cand("good", GOOD), [1, 8], max_batch=256)
     assert good is not None
     assert [(c.batch_size, c.best_k, c.k) for c in good.choices] == [(1, 4, 4), (8, 2, 2)]
-    assert good.ranges == [(1, 7, 4), (8, 256, 2)] and good.same_as_k is None
-    assert good.config == {"num_speculative_tokens": 4, "num_speculative_tokens_per_batch_size": [[1, 7, 4],
-                                                                                                   [8, 256, 2]]}
-    weak = evaluate.choose_schedule(cand("weak", WEAK), [1, 8], 256)
+    # Between batch 1 and 8 the verdict's rule: step times linear in the batch size, so each K's speedup is the
+    # harmonic mean of its two measured ones (K=4: 2.05x to 1.05x, K=2: 1.65x to 1.175x), K=4 best up to batch 4.
+    assert good.ranges == [(1, 4, 4), (5, 256, 2)] and good.same_as_k is None
+    assert good.config == {"num_speculative_tokens": 4, "num_speculative_tokens_per_batch_size": [[1, 4, 4],
+                                                                                                   [5, 256, 2]]}
+    weak = choose.choose_schedule(cand("weak", WEAK), [1, 8], 256)
     assert weak is not None and weak.config is None and all(c.best_k == 0 for c in weak.choices)
-    assert "run without speculation" in evaluate._verdict(weak)
+    assert "run without speculation" in render._verdict(weak)
     # Pays at batch 1 only; at batch 8 the best K loses to plain decoding but beats a K=0 range priced 0.9x: the
     # schedule keeps K=2 there, and says speculation costs at batch 8.
-    mixed = evaluate.choose_schedule(cand("mixed", {2: {1: [1.3], 8: [0.95]}, 4: {1: [1.5], 8: [0.8]}}), [1, 8], 16)
+    mixed = choose.choose_schedule(cand("mixed", {2: {1: [1.3], 8: [0.95]}, 4: {1: [1.5], 8: [0.8]}}), [1, 8], 16)
     assert mixed is not None and [(c.best_k, c.k) for c in mixed.choices] == [(4, 4), (0, 2)]
-    assert mixed.ranges == [(1, 7, 4), (8, 16, 2)] and "at batch 8 no K pays" in evaluate._verdict(mixed)
-    # Where K=0 is priced above the best K, the schedule runs K=0 there.
-    zero = evaluate.choose_schedule(cand("zero", {2: {1: [1.3], 8: [0.8]}}, k0=0.9), [1, 8], 16)
-    assert zero is not None and zero.ranges == [(1, 7, 2), (8, 16, 0)]
+    assert mixed.ranges == [(1, 3, 4), (4, 16, 2)] and "at batch 8 no K pays" in render._verdict(mixed)
+    # Where K=0 is priced above the best K, the schedule runs K=0 there, and from where K=2 falls under its price.
+    zero = choose.choose_schedule(cand("zero", {2: {1: [1.3], 8: [0.8]}}, k0=0.9), [1, 8], 16)
+    assert zero is not None and zero.ranges == [(1, 5, 2), (6, 16, 0)]
     assert zero.choices[1].expected == pytest.approx(0.9)
-    # One K throughout: the schedule is that K's engine.
-    one = evaluate.choose_schedule(cand("one", {2: {1: [1.3], 8: [1.2]}, 4: {1: [1.2], 8: [1.1]}}), [1, 8], 16)
+    # One K throughout: no schedule, a plain K, measured by that K's engine.
+    c = cand("one", {2: {1: [1.3], 8: [1.2]}, 4: {1: [1.2], 8: [1.1]}})
+    c.schedule = one = choose.choose_schedule(c, [1, 8], 16)
     assert one is not None and one.ranges == [(1, 16, 2)] and one.same_as_k == 2
-    assert evaluate.choose_schedule(Candidate("none", "ngram"), [1, 8], 16) is None
+    assert one.config == {"num_speculative_tokens": 2} and one.cells is c.runs[2].cells
+    ev = Evaluation("t", {"k": [2, 4], "batch_sizes": [1, 8], "rounds": 1, "window_s": 1.0}, [c])
+    text, page = render.render_text(ev), render.render_html(ev)
+    assert 'speculative_config: {"num_speculative_tokens": 2}\n' in text and "speculate with K=2 at every batch" in text
+    assert html.escape(json.dumps({"speculative_config": {"method": "draft_model", "model": "one",
+                                                          "num_speculative_tokens": 2}})) in page
+    assert "per_batch_size" not in text + page
+    assert choose.choose_schedule(Candidate("none", "ngram"), [1, 8], 16) is None
+
+
+def test_the_same_numbers_give_the_same_schedule_here_and_in_the_live_verdict() -> None:
+    """One rule (verdict.schedule.k_ranges): an engine whose live step times and baseline give the verdict's schedule
+    is measured here as those numbers say (plain tokens/s from the baseline, each K's speedup and the K = 0 price
+    from the verdict's estimate at each measured batch size); the bake-off hands out the same ranges, K falling
+    between the measured sizes where the interpolated step times say."""
+    from specscope import acceptance as acc
+    from specscope.hub import Hub
+    from specscope.model import CostRatio, EngineInfo, StepProfile, StepTime
+    from specscope.verdict import estimate, k_schedule, k_table
+    from tests.test_verdict import SETUP, Clock, steps
+
+    clock = Clock()
+    hub = Hub(clock=clock)
+    hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model", setup=SETUP))
+    hub.cost_ratio = CostRatio(1.0, "estimated from parameters per token", 100, 100)
+    for b, dt in ((1, 0.0040), (4, 0.006), (16, 0.016)):
+        for accepted in (4, 1, 2, 3):
+            steps(hub, clock, b, dt, 10, accepted=accepted)
+    plain = {1: 0.0036, 4: 0.0042, 16: 0.0060}
+    hub.set_baseline(StepProfile(tuple(StepTime(b, 50, t) for b, t in plain.items()), "measured on /m/target", SETUP))
+    snap = hub.snapshot()
+    sizes = [c.batch_size for c in k_table(snap)]
+    c = Candidate("d", "draft_model", "d", status="measured")
+    for k in range(1, acc.K_MAX + 1):
+        run = c.runs[k] = KRun(k)
+        for b in sizes:
+            est = estimate(snap, batch_size=b)
+            assert est is not None
+            run.cells[b] = Cell([b / plain[b]], [b / plain[b] * est.by_k[k]])
+            run.k0_price[b] = est.k0_speedup
+    sched = choose.choose_schedule(c, sizes, max_batch=16)
+    assert sizes == [1, 4, 16] and sched is not None
+    assert sched.ranges == k_schedule(snap) == [(1, 1, 7), (2, 2, 5), (3, 3, 4), (4, 9, 3), (10, 16, 2)]
 
 
 def test_an_unpriced_k0_range_is_never_scheduled_and_rounds_default_to_3() -> None:
@@ -231,15 +281,16 @@ def test_an_unpriced_k0_range_is_never_scheduled_and_rounds_default_to_3() -> No
     import argparse
 
     c = cand("unpriced", {2: {1: [1.3], 8: [0.8]}}, k0=None)
-    c.schedule = sched = evaluate.choose_schedule(c, [1, 8], 16)
+    c.schedule = sched = choose.choose_schedule(c, [1, 8], 16)
     assert sched is not None and sched.ranges == [(1, 16, 2)] and sched.same_as_k == 2
+    assert sched.config == {"num_speculative_tokens": 2}
     eight = sched.choices[1]
     assert (eight.best_k, eight.k, eight.k0_price) == (0, 2, None) and eight.expected == pytest.approx(0.8)
-    assert "not plain speed (0.80x; K = 0 unpriced at batch 8: the best K measured kept)" in evaluate._verdict(sched)
-    best = evaluate.to_dict(Evaluation("t", {"batch_sizes": [1, 8]}, [c]))["candidates"][0]["schedule"]["best"]
+    assert "not plain speed (0.80x; K = 0 unpriced at batch 8: the best K measured kept)" in render._verdict(sched)
+    best = render.to_dict(Evaluation("t", {"batch_sizes": [1, 8]}, [c]))["candidates"][0]["schedule"]["best"]
     assert best["8"]["k0_price"] is None and best["1"]["k0_price"] is None
     parser = argparse.ArgumentParser()
-    evaluate.add_arguments(parser)
+    evaluate_cli.add_arguments(parser)
     assert parser.parse_args(["target", "--prompts", "p.jsonl"]).rounds == 3  # a median of 3, not a mean of 2
 
 
@@ -247,7 +298,7 @@ def test_ranking_by_the_geometric_mean_of_the_best_speedups() -> None:
     good, weak = cand("good", GOOD), cand("weak", WEAK)
     ngram = cand("ngram", {2: {1: [1.9], 8: [1.0]}}, method="ngram", k0=None)  # 1.38 against good's 1.53
     refused = Candidate("bad", "draft_model", "bad", status="refused")
-    ranked = evaluate.rank([refused, weak, ngram, good], [1, 8])
+    ranked = choose.rank([refused, weak, ngram, good], [1, 8])
     assert [c.name for c, _ in ranked] == ["good", "ngram", "weak", "bad"]
     assert ranked[0][1] == pytest.approx((2.05 * 1.175) ** 0.5) and ranked[-1][1] is None
 
@@ -256,7 +307,7 @@ def synthetic(partial: bool = False) -> Evaluation:
     good, weak, ngram = cand("/m/good-draft", GOOD), cand("/m/weak-draft", WEAK), cand("ngram", {2: {1: [1.2]}},
                                                                                      method="ngram", k0=None)
     for c in (good, weak, ngram):
-        c.schedule = evaluate.choose_schedule(c, [1, 8], 256)
+        c.schedule = choose.choose_schedule(c, [1, 8], 256)
     assert good.schedule is not None
     good.schedule.cells = {1: Cell([100.0], [195.0]), 8: Cell([100.0], [112.0])}
     good.draft_kv = {"blocks": 85.0, "share": 0.077, "text": "the draft takes 85 KV blocks (7.7% of the capacity)"}
@@ -271,7 +322,7 @@ def synthetic(partial: bool = False) -> Evaluation:
 
 def test_json_and_text_of_an_evaluation() -> None:
     ev = synthetic()
-    doc = json.loads(json.dumps(evaluate.to_dict(ev)))
+    doc = json.loads(json.dumps(render.to_dict(ev)))
     assert doc["ranking"] == ["/m/good-draft", "ngram", "/m/weak-draft"] and not doc["partial"]
     assert doc["ranking_rule"].startswith("the geometric mean")
     good, ngram, weak = doc["candidates"]
@@ -280,14 +331,14 @@ def test_json_and_text_of_an_evaluation() -> None:
     assert cell["predicted"] == 2.1 and cell["plain_tok_s"] == [100.0, 100.0]
     assert good["by_k"]["2"]["by_class"]["code"] == {"requests": 3, "drafted": 30, "accepted": 12,
                                                     "acceptance": 0.4, "per_position": [0.533, 0.267]}
-    assert good["schedule"]["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 7, 4],
-                                                                                               [8, 256, 2]]
+    assert good["schedule"]["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 4, 4],
+                                                                                               [5, 256, 2]]
     assert good["schedule"]["measured"]["1"]["speedup"] == 1.95 and good["draft_kv_cost"]["blocks"] == 85.0
     assert weak["schedule"]["speculative_config"] is None and "run without speculation" in weak["schedule"]["verdict"]
     assert ngram["draft_kv_cost"] is None and ngram["tokenizer"] is None
-    text = evaluate.render_text(ev)
+    text = render.render_text(ev)
     assert "1. /m/good-draft" in text and "run without speculation" in text and "by class chat 75%" in text
-    assert '"num_speculative_tokens_per_batch_size": [[1, 7, 4], [8, 256, 2]]' in text
+    assert '"num_speculative_tokens_per_batch_size": [[1, 4, 4], [5, 256, 2]]' in text
     assert "acceptance 60% (by position 80% 60%; by class chat 75% (4 requests), code 40% (3 requests))" in text
 
 
@@ -297,33 +348,33 @@ def test_a_candidate_that_failed_reads_as_failed_with_nothing_measured_said_once
     failed = Candidate("mtp", "mtp", status="failed", note="NotImplementedError: Unsupported speculative method: 'mtp'")
     failed.runs[2] = KRun(2)
     ev.candidates.append(failed)
-    text = evaluate.render_text(ev)
+    text = render.render_text(ev)
     assert "4. mtp (mtp) score n/a; failed: NotImplementedError: Unsupported speculative method: 'mtp'" in text
     assert "   K=2: batch 1 n/a  batch 8 n/a\n        acceptance n/a\n" in text
     assert "by position )" not in text and not text.rstrip().endswith("by class")
-    doc = evaluate.to_dict(ev)
+    doc = render.to_dict(ev)
     assert doc["ranking"][-1] == "mtp" and doc["candidates"][-1]["status"] == "failed"
 
 
 def test_html_is_one_self_contained_page_with_its_plots() -> None:
-    page = evaluate.render_html(synthetic())
+    page = render.render_html(synthetic())
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
     # speedup bars, predicted vs measured, and acceptance by class for each of the three candidates
     assert len(images) == 5 and all(base64.b64decode(i).startswith(b"\x89PNG") for i in images)
     assert "<script" not in page and 'src="http' not in page and "<link" not in page
     assert "Ranking" in page and "num_speculative_tokens_per_batch_size" in page and "PARTIAL" not in page
     assert "run without speculation" in page and "7.7% of the capacity" in page
-    assert "PARTIAL" in evaluate.render_html(synthetic(partial=True))
+    assert "PARTIAL" in render.render_html(synthetic(partial=True))
 
 
 def test_an_interrupt_writes_what_was_measured_marked_partial(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                               monkeypatch: pytest.MonkeyPatch,
                                                               tiny: dict[str, Path]) -> None:
-    class Interrupted(evaluate.Runner):
+    class Interrupted(runner.Runner):
         def start_plain(self) -> tuple[Any, int, int]:
             return FakeTokenizer(), 1024, 256
 
-        def run(self, ev: Evaluation, work: evaluate.Workload, max_batch: int) -> None:
+        def run(self, ev: Evaluation, work: workload.Workload, max_batch: int) -> None:
             c = ev.candidates[0]
             c.runs[2] = KRun(2, cells={1: Cell([100.0], [150.0])})
             raise KeyboardInterrupt
@@ -331,12 +382,12 @@ def test_an_interrupt_writes_what_was_measured_marked_partial(tmp_path: Path, ca
         def close(self) -> None:
             pass
 
-    monkeypatch.setattr(evaluate, "Runner", Interrupted)
+    monkeypatch.setattr(evaluate_cli, "Runner", Interrupted)
     prompts = write(tmp_path / "p.jsonl", [{"prompt": "a b", "class": "x"}, {"prompt": "c d"}])
     code, out, err = run_cli(capsys, str(tiny["target"]), "--draft", str(tiny["copy"]), "--method", "ngram",
                              "--prompts", str(prompts), "--k", "2,4", "--batch-sizes", "1,8",
                              "--json", str(tmp_path / "r.json"), "-o", str(tmp_path / "r.html"))
-    assert code == evaluate.INTERRUPTED, err
+    assert code == evaluate_cli.INTERRUPTED, err
     assert "interrupted; writing what was measured" in err and "Traceback" not in err
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["partial"] and doc["note"] == "interrupted (Ctrl-C)"

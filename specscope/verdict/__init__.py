@@ -39,6 +39,7 @@ from specscope.verdict.cost import (
 )
 from specscope.verdict.schedule import (
     KChoice,
+    k_ranges,
     k_schedule,
     k_table,
     monotone_between,
@@ -60,7 +61,7 @@ from specscope.verdict.speedup import (
 __all__ = [
     "ASSUMED_VERIFY_COST", "LOSSY_CAVEAT", "MIN_STEPS", "MIN_TABLE_STEPS", "Baseline", "KChoice", "SpeedupEstimate",
     "baseline_problem", "by_batch_line", "by_batch_size", "class_speedup", "cost_ratio_from_sizes", "estimate",
-    "k0_decode", "k_schedule", "k_table", "load_profile", "measured_cost", "merge_profiles", "monotone_between",
-    "recommended_config", "save_profile", "schedule_config", "schedule_text", "usable_baseline", "verify_cost",
-    "with_baseline",
+    "k0_decode", "k_ranges", "k_schedule", "k_table", "load_profile", "measured_cost", "merge_profiles",
+    "monotone_between", "recommended_config", "save_profile", "schedule_config", "schedule_text", "usable_baseline",
+    "verify_cost", "with_baseline",
 ]

@@ -1,9 +1,11 @@
-"""The K table by batch size and vLLM's ``num_speculative_tokens_per_batch_size`` schedule built from it."""
+"""The K table by batch size and vLLM's ``num_speculative_tokens_per_batch_size`` schedule built from it (the rule,
+:func:`k_ranges`, is the one ``specscope evaluate`` schedules by too)."""
 
 from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,28 +37,43 @@ def k_table(snap: Snapshot) -> list[KChoice]:
 
 
 def k_schedule(snap: Snapshot, max_batch: int | None = None) -> list[tuple[int, int, int]]:
-    """vLLM's ``num_speculative_tokens_per_batch_size``: (first batch, last batch, K) ranges from 1 to
-    ``max_batch`` (default: the engine's max_num_seqs, else the largest batch measured).
-
-    Between measured batch sizes step times are interpolated, and the best K there is kept between the two
-    measured sizes' K and moves one way from the first to the second (:func:`monotone_between`), so noise in the
-    interpolation never makes K zig-zag; beyond the largest, its K carries on (as vLLM does for batch sizes past
-    the last range). Empty without measured estimates.
-    """
+    """vLLM's ``num_speculative_tokens_per_batch_size`` from the K table (:func:`k_ranges`), from 1 to
+    ``max_batch`` (default: the engine's max_num_seqs, else the largest batch measured). Between measured batch
+    sizes the best K comes from the estimate on interpolated step times. Empty without measured estimates."""
     table = k_table(snap)
     if not table:
         return []
     setup = snap.engine.setup
     last = max_batch or (setup.max_num_seqs if setup and setup.max_num_seqs else table[-1].batch_size)
-    measured_to = table[-1].batch_size
+
+    def best_at(b: int) -> int | None:
+        est = estimate(snap, batch_size=b)
+        return est.scheduled_k if est is not None and est.measured else None
+
+    return k_ranges([(c.batch_size, c.k) for c in table], last, best_at)
+
+
+def k_ranges(measured: Sequence[tuple[int, int]], last: int,
+             best_at: Callable[[int], int | None]) -> list[tuple[int, int, int]]:
+    """The schedule rule, for the live verdict and ``specscope evaluate`` alike: (first batch, last batch, K)
+    ranges from 1 to ``last``, from the K at each measured batch size (``measured``: (batch, K), ascending) and
+    ``best_at``, the best K at a batch size not measured (None where it has none: the K before it is kept, or the
+    first measured one below it).
+
+    Between two measured sizes ``best_at``'s K is kept between their K and moves one way from the first to the
+    second (:func:`monotone_between`), so noise never makes K zig-zag; beyond the largest, its K carries on (as vLLM
+    does for batch sizes past the last range). Empty without a measured size.
+    """
+    if not measured:
+        return []
+    at = dict(measured)
     ks: list[int] = []
     for b in range(1, last + 1):
-        if b > measured_to:
-            ks.append(ks[-1])
-            continue
-        est = estimate(snap, batch_size=b)
-        ks.append(est.scheduled_k if est is not None and est.measured else (ks[-1] if ks else table[0].k))
-    ks = monotone_between(ks, [(c.batch_size, c.k) for c in table])
+        k = at[b] if b in at else best_at(b) if b < measured[-1][0] else None
+        if k is None:  # the K before carries on; below the first measured size, the first's
+            k = ks[-1] if ks else measured[0][1]
+        ks.append(k)
+    ks = monotone_between(ks, list(measured))
     out: list[tuple[int, int, int]] = []
     for b, k in enumerate(ks, start=1):
         if out and out[-1][2] == k:

@@ -1,0 +1,181 @@
+"""The engines of ``specscope evaluate``: the target without speculation throughout, one speculative engine at a
+time beside it, measured round by round at each batch size (:class:`Runner`)."""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from specscope.evaluate.choose import choose_schedule
+from specscope.evaluate.results import Candidate, Cell, Evaluation, KRun
+from specscope.evaluate.workload import Workload
+
+
+class EngineStopped(RuntimeError):
+    """The target without speculation stopped: nothing more can be measured (exit code 1, partial results)."""
+
+
+def _shutdown(llm: Any) -> None:
+    """Stop an engine's worker processes now; never raises (an interrupted engine may be half gone)."""
+    try:
+        from specscope import uninstrument
+
+        uninstrument(llm)
+        llm.llm_engine.engine_core.shutdown()
+    except Exception:
+        pass
+    gc.collect()
+
+
+class Runner:
+    """Runs the engines: the plain target throughout, one speculative engine at a time beside it."""
+
+    def __init__(self, target: str, engine_kw: dict[str, Any], rounds: int, window_s: float,
+                 progress: Callable[[str], None]) -> None:
+        self.target, self.engine_kw, self.rounds, self.window_s = target, engine_kw, rounds, window_s
+        self.progress = progress
+        self.plain: Any = None
+        self.spec: Any = None
+        #: Seconds an engine start, a window and a calibration took (for the time left).
+        self.took: dict[str, list[float]] = {"start": [], "window": [], "calibration": []}
+        self.todo: dict[str, int] = {"start": 0, "window": 0, "calibration": 0}
+
+    def start_plain(self) -> tuple[Any, int, int]:
+        """Start the target without speculation: its tokenizer, max_model_len and max_num_seqs."""
+        import specscope
+
+        self.plain = specscope.LLM(self.target, specscope_hub=specscope.Hub(), **self.engine_kw)
+        config = self.plain.llm_engine.vllm_config
+        return self.plain.get_tokenizer(), config.model_config.max_model_len, config.scheduler_config.max_num_seqs
+
+    def close(self) -> None:
+        """Stop every engine still running."""
+        for llm in (self.spec, self.plain):
+            if llm is not None:
+                _shutdown(llm)
+        self.spec = self.plain = None
+
+    # -- time left
+    def _plan(self, candidates: int, ks: int, batches: int) -> None:
+        """What is left for ``candidates`` more candidates (each: its Ks and maybe a schedule run)."""
+        self.todo = {"start": candidates * (ks + 1), "window": candidates * (ks + 1) * self.rounds * batches * 2,
+                     "calibration": candidates * ks}
+
+    def _done(self, kind: str, seconds: float) -> None:
+        self.took[kind].append(seconds)
+        self.todo[kind] = max(0, self.todo[kind] - 1)
+
+    def left(self) -> str:
+        """The time left, estimated from what each kind of work took so far."""
+        guess = {"start": 40.0, "window": self.window_s * 1.1 + 0.5, "calibration": 10.0}
+        s = sum(n * (statistics.mean(self.took[kind]) if self.took[kind] else guess[kind])
+                for kind, n in self.todo.items())
+        return f"about {int(s // 60)}m{int(s % 60):02d}s left"
+
+    # -- measuring
+    def run(self, ev: Evaluation, work: Workload, max_batch: int) -> None:
+        """Measure every candidate not refused, filling ``ev`` as it goes (an interrupt leaves what was measured)."""
+        ks, sizes = ev.settings["k"], ev.settings["batch_sizes"]
+        todo = [c for c in ev.candidates if c.status == "pending"]
+        self._warm(self.plain, work, sizes)
+        for i, cand in enumerate(todo):
+            self._plan(len(todo) - i, len(ks), len(sizes))
+            label = f"[{i + 1}/{len(todo)} {cand.short}]"
+            try:
+                for k in ks:
+                    run = cand.runs.setdefault(k, KRun(k))
+                    self.spec = self._start(cand.config(k))
+                    hub = self._measure(self.spec, run.cells, work, sizes, f"{label} K={k}")
+                    self._predict(cand, run, hub, work, sizes)
+                    _shutdown(self.spec)
+                    self.spec = None
+                cand.schedule = choose_schedule(cand, sizes, max_batch)
+                sched = cand.schedule
+                if sched is not None and sched.config is not None and sched.same_as_k is None:
+                    self.spec = self._start({**cand.config(1), **sched.config})
+                    self._measure(self.spec, sched.cells, work, sizes, f"{label} schedule")
+                    _shutdown(self.spec)
+                    self.spec = None
+                cand.status = "measured"
+            except KeyboardInterrupt:
+                cand.status = "interrupted"
+                if cand.runs and cand.schedule is None:
+                    cand.schedule = choose_schedule(cand, sizes, max_batch)
+                raise
+            except Exception as exc:  # a configuration vLLM refuses: that candidate fails, the others go on
+                cand.status, cand.note = "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+                self.progress(f"{label} failed: {cand.note}")
+                if self.spec is not None:
+                    _shutdown(self.spec)
+                    self.spec = None
+                if getattr(getattr(self.plain.llm_engine.engine_core, "resources", None), "engine_dead", False):
+                    raise EngineStopped(f"the target without speculation stopped ({cand.note})") from None
+
+    def _start(self, spec_config: dict[str, Any]) -> Any:
+        import specscope
+
+        t0 = time.monotonic()
+        llm = specscope.LLM(self.target, specscope_hub=specscope.Hub(), speculative_config=spec_config,
+                            **self.engine_kw)
+        self._done("start", time.monotonic() - t0)
+        return llm
+
+    def _warm(self, llm: Any, work: Workload, sizes: Sequence[int]) -> None:
+        """A few tokens at each batch size: a fresh engine's first steps are slower."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+        for b in sizes:
+            llm.generate([work.prompts[i % len(work.prompts)] for i in range(b)], params, use_tqdm=False)
+
+    def _measure(self, spec: Any, cells: dict[int, Cell], work: Workload, sizes: Sequence[int], label: str) -> Any:
+        """Rounds of plain and speculative throughput at each batch size (which goes first alternating); returns
+        the hub that recorded the speculative engine's measured runs."""
+        import specscope
+        from specscope.measure import steady_throughput
+
+        self._warm(spec, work, sizes)
+        hub = specscope.Hub(window_s=3600, max_requests=100_000)
+        specscope.instrument(spec, hub)
+        for r in range(self.rounds):
+            for i, b in enumerate(sizes):
+                cell = cells.setdefault(b, Cell())
+                tok_s = {}
+                for name in (("plain", "spec") if (r + i) % 2 == 0 else ("spec", "plain")):
+                    t0 = time.monotonic()
+                    tok_s[name] = steady_throughput(self.plain if name == "plain" else spec, b, self.window_s,
+                                                    work.prompts, work.max_tokens, work.classes)
+                    self._done("window", time.monotonic() - t0)
+                cell.plain.append(tok_s["plain"])
+                cell.spec.append(tok_s["spec"])
+                self.progress(f"{label} batch {b} round {r + 1}/{self.rounds}: {tok_s['spec'] / tok_s['plain']:.2f}x "
+                              f"(plain {tok_s['plain']:.0f} tok/s, speculative {tok_s['spec']:.0f}); {self.left()}")
+        return hub
+
+    def _predict(self, cand: Candidate, run: KRun, hub: Any, work: Workload, sizes: Sequence[int]) -> None:
+        """specscope's estimate of the run against the plain engine's step times measured now; acceptance by
+        position and class; the draft's KV cost."""
+        from specscope.measure import measure_step_times
+        from specscope.memory import draft_kv_cost
+        from specscope.verdict import estimate
+
+        t0 = time.monotonic()
+        # On the workload's own prompts: the contexts the runs attend over, with no slope to extrapolate along.
+        hub.set_baseline(measure_step_times(self.plain, sizes, tokens=64, rounds=1, prompts=work.prompts, contexts=1))
+        self._done("calibration", time.monotonic() - t0)
+        snap = hub.snapshot()
+        for b in sizes:
+            est = estimate(snap, batch_size=b)
+            if est is not None and b in run.cells:
+                run.cells[b].predicted, run.cells[b].interval = est.expected_speedup, est.interval
+                run.k0_price[b] = est.k0_speedup
+        spec = snap.lifetime.spec
+        if spec is not None:
+            run.acceptance, run.alpha, run.per_position = spec.acceptance_rate, spec.alpha, tuple(spec.per_position)
+        run.by_class = {tc.name: tc.lifetime for tc in snap.classes if tc.lifetime.draft_tokens}
+        kv = draft_kv_cost(snap)
+        if kv is not None and cand.draft_kv is None:
+            cand.draft_kv = {"blocks": round(kv.blocks, 1), "share": round(kv.share, 4), "text": kv.explain()}
