@@ -40,6 +40,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 from benchmarks._common import RESULTS, write
 from specscope import tiny_models
 from specscope.measure import measure_step_times, steady_throughput
+from specscope.tiny_models.models import llama_config
 
 KS = (1, 2, 4, 6)
 RUNNING_K = 4
@@ -64,13 +65,13 @@ def wide_pair(root: Path) -> tuple[Path, Path]:
 
     dims = {"hidden": 1024, "intermediate": 2816, "heads": 16, "positions": 1024}
     torch.manual_seed(0)
-    model = LlamaForCausalLM(tiny_models._config(tiny_models.VOCAB_SIZE, 12, **dims)).eval()
+    model = LlamaForCausalLM(llama_config(tiny_models.VOCAB_SIZE, 12, **dims)).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)
         for layer in model.model.layers[1:]:
             layer.self_attn.o_proj.weight.mul_(0.01)
             layer.mlp.down_proj.weight.mul_(0.01)
-    small = LlamaForCausalLM(tiny_models._config(tiny_models.VOCAB_SIZE, 1, **dims)).eval()
+    small = LlamaForCausalLM(llama_config(tiny_models.VOCAB_SIZE, 1, **dims)).eval()
     small.load_state_dict({k: v for k, v in model.state_dict().items()
                            if not k.startswith("model.layers.") or k.startswith("model.layers.0.")}, strict=True)
     tok = AutoTokenizer.from_pretrained(tiny_models.build()["deep01-target"])

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from specscope import tiny_models
+from specscope.tiny_models.models import deep_pair
 
 
 def digest(path: Path) -> str:
@@ -46,7 +47,7 @@ def test_the_deep_family_draft_is_exactly_its_targets_first_layer(tiny: dict[str
         assert set(draft) == {k for k in target if not k.startswith("model.layers.") or k.startswith("model.layers.0.")}
         assert all(bool((draft[k] == target[k]).all()) for k in draft)  # the same weights, not a noisy copy
         # Every later layer writes into the residual stream scaled by the factor.
-        unscaled = tiny_models._deep_pair(1.0)[0].state_dict()
+        unscaled = deep_pair(1.0)[0].state_dict()
         key = "model.layers.5.mlp.down_proj.weight"
         assert float((target[key] / unscaled[key]).mean()) == pytest.approx(factor, rel=1e-5)
         assert target["model.layers.0.mlp.down_proj.weight"].equal(unscaled["model.layers.0.mlp.down_proj.weight"])

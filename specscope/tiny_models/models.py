@@ -1,7 +1,4 @@
-"""Tiny Llama target and draft models, built deterministically and offline.
-
-No weights can be downloaded on the machines specscope is tested on, so tests, benchmarks and the demo use
-models built here with fixed seeds and a byte-level BPE tokenizer trained on generated text:
+"""The models' weights, from fixed seeds (the heads as checkpoint weights by name, with their config):
 
 - the **tiny family**: a 4-layer target and drafts of known quality (a copy, noisy copies, an independent model,
   a same-size draft with another tokenizer, a draft with another vocabulary);
@@ -25,127 +22,18 @@ models built here with fixed seeds and a byte-level BPE tokenizer trained on gen
   biases: the same function) with one multi-token-prediction layer (vLLM's ``mtp`` method, ``MiMoMTP``), built
   the same way: the MTP block is layer 0, its hidden-state input weighted zero and its input projection mapping
   the normalised embedding back to the embedding.
-
-Built once and cached on disk (``$SPECSCOPE_CACHE`` or ``~/.cache/specscope``). Needs torch, transformers and
-tokenizers (the ``cpu`` or ``vllm`` extra).
 """
 
 from __future__ import annotations
 
-import os
-import random
-import shutil
-import tempfile
-from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-#: Bump when anything below changes what gets built, so stale caches are not reused.
-VERSION = "4"
-
-VOCAB_SIZE = 2000
-SMALL_VOCAB_SIZE = 1000
-SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"]
-#: Plain-text chat template, so the OpenAI chat endpoint works with the tiny models.
-CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
-
-#: Draft name -> what it is. The target is built alongside them.
-DRAFTS: dict[str, str] = {
-    "copy": "exact copy of the target (acceptance ~1)",
-    "noise2": "target + Gaussian noise of 2% of each tensor's std (good draft)",
-    "noise10": "target + Gaussian noise of 10% of each tensor's std (weak draft)",
-    "independent": "independent random 1-layer model, same tokenizer (useless draft)",
-    "other-tokenizer": "target's weights re-indexed for a different tokenizer of the same vocabulary size",
-    "other-vocab": "independent model with a 1000-token vocabulary",
-}
-#: Deep family: name -> the factor f on every later layer's output projections.
-DEEP: dict[str, float] = {"deep01": 0.01, "deep03": 0.03, "deep10": 0.1}
-#: Deep targets that get an EAGLE-3 head ``<name>-eagle3``.
-EAGLE3 = ("deep01", "deep03")
-#: The deep target that gets an EAGLE-1 head ``<name>-eagle``.
-EAGLE = "deep01"
-#: The deep target that also ships as a MiMo model with one MTP layer, ``<name>-mimo``.
-MTP = "deep01"
-#: Every model ``build`` returns, with what it is.
-MODELS: dict[str, str] = {
-    "target": "4-layer target of the tiny family",
-    **DRAFTS,
-    **{m: d for name, f in DEEP.items() for m, d in (
-        (f"{name}-target", f"12-layer target, later layers scaled by {f}"),
-        (f"{name}-draft", f"exactly {name}-target's layer 0, with its embeddings and LM head"))},
-    **{f"{name}-eagle3": f"EAGLE-3 head for {name}-target: its layer 0, hidden-state input weighted zero"
-       for name in EAGLE3},
-    f"{EAGLE}-eagle": f"EAGLE-1 head for {EAGLE}-target: its layer 0, hidden-state input weighted zero",
-    f"{MTP}-mimo": f"{MTP}-target as a MiMo model with one MTP layer (method mtp): its layer 0, hidden input zero",
-}
-
-_WORD_TEXT = (
-    "the of and to in is was that for on as with by at from his her they this which be or an are had not "
-    "one but all were when there can more has their if would will what about out up into them some time "
-    "only other new could its two first over than been these may then do like so people any most after "
-    "made also did many before must through back years where much your way well down should because each "
-    "just those how too little state good very make world still own see men work long get here between "
-    "both life being under never day same another know while last might great old year off come since "
-    "against go came right used take three engine token draft model cache block memory speed verify "
-    "accept reject batch queue latency window signal metric alert river stone garden window light "
-)
-_WORDS = _WORD_TEXT.split()
+from specscope.tiny_models.tokenizer import VOCAB_SIZE
 
 
-def cache_root() -> Path:
-    """Directory holding built model families."""
-    base = os.environ.get("SPECSCOPE_CACHE") or os.path.join(Path.home(), ".cache", "specscope")
-    return Path(base) / "tiny-models" / f"v{VERSION}"
-
-
-def _lexicon() -> list[str]:
-    """English function words plus seeded pseudo-words, enough for the BPE to fill its vocabulary."""
-    rng = random.Random(1)
-    onsets = "b c d f g h j k l m n p r s t v w z br cl dr fl gr pl st tr sh ch th"
-    vowels = ["a", "e", "i", "o", "u", "ai", "ea", "ou", "io"]
-    codas = ["", "", "n", "r", "s", "t", "l", "m", "nd", "st"]
-    pseudo = {
-        "".join(rng.choice(onsets.split()) + rng.choice(vowels) + rng.choice(codas) for _ in range(rng.randint(1, 3)))
-        for _ in range(4000)
-    }
-    return list(_WORDS) + sorted(pseudo)
-
-
-def _corpus(seed: int, lines: int = 6000) -> list[str]:
-    rng = random.Random(seed)
-    words = _lexicon()
-    rng.shuffle(words)
-    # A Zipf-like choice makes frequent words merge first, as in real text.
-    weights = [1.0 / (i + 1) for i in range(len(words))]
-    out = []
-    for _ in range(lines):
-        n = rng.randint(6, 18)
-        sentence = " ".join(rng.choices(words, weights, k=n))
-        out.append(sentence.capitalize() + rng.choice([".", ".", "?", "!"]))
-    return out
-
-
-def _train_tokenizer(corpus: list[str], vocab_size: int) -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(corpus, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
-
-
-def _config(vocab_size: int, layers: int, hidden: int = 128, intermediate: int = 344, heads: int = 4,
-            positions: int = 512) -> Any:
+def llama_config(vocab_size: int, layers: int, hidden: int = 128, intermediate: int = 344, heads: int = 4,
+                 positions: int = 512) -> Any:
+    """A small Llama's config: untied embeddings, ``<s>`` = 1 and ``</s>`` = 2 as the tokenizers have them."""
     from transformers import LlamaConfig
 
     return LlamaConfig(
@@ -162,19 +50,21 @@ def _config(vocab_size: int, layers: int, hidden: int = 128, intermediate: int =
     )
 
 
-def _random_model(vocab_size: int, layers: int, seed: int) -> Any:
+def random_model(vocab_size: int, layers: int, seed: int) -> Any:
+    """A Llama with random weights from ``seed`` and a sharpened LM head."""
     import torch
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(_config(vocab_size, layers))
+    model = LlamaForCausalLM(llama_config(vocab_size, layers))
     with torch.no_grad():
         # Sharpen the output distribution so greedy text is not flat.
         model.lm_head.weight.mul_(8.0)
     return model.eval()
 
 
-def _noisy_copy(target: Any, fraction: float, seed: int) -> Any:
+def noisy_copy(target: Any, fraction: float, seed: int) -> Any:
+    """``target`` plus Gaussian noise of ``fraction`` of each tensor's std."""
     import copy
 
     import torch
@@ -188,7 +78,7 @@ def _noisy_copy(target: Any, fraction: float, seed: int) -> Any:
     return model
 
 
-def _reindexed_copy(target: Any, target_tok: Any, draft_tok: Any) -> Any:
+def reindexed_copy(target: Any, target_tok: Any, draft_tok: Any) -> Any:
     """The target's weights with rows moved so each token keeps its meaning under the draft's ids."""
     import copy
 
@@ -211,20 +101,20 @@ def _reindexed_copy(target: Any, target_tok: Any, draft_tok: Any) -> Any:
     return model
 
 
-def _deep_pair(factor: float) -> tuple[Any, Any]:
+def deep_pair(factor: float) -> tuple[Any, Any]:
     """A 12-layer target whose layers after the first are scaled by ``factor``, and its layer 0 as a draft."""
     import torch
     from transformers import LlamaForCausalLM
 
     deep = {"hidden": 512, "intermediate": 1408, "heads": 8, "positions": 1024}
     torch.manual_seed(0)
-    target = LlamaForCausalLM(_config(VOCAB_SIZE, 12, **deep)).eval()
+    target = LlamaForCausalLM(llama_config(VOCAB_SIZE, 12, **deep)).eval()
     with torch.no_grad():
         target.lm_head.weight.mul_(8.0)
         for layer in target.model.layers[1:]:
             layer.self_attn.o_proj.weight.mul_(factor)
             layer.mlp.down_proj.weight.mul_(factor)
-    draft = LlamaForCausalLM(_config(VOCAB_SIZE, 1, **deep)).eval()
+    draft = LlamaForCausalLM(llama_config(VOCAB_SIZE, 1, **deep)).eval()
     keep = {k: v for k, v in target.state_dict().items()
             if not k.startswith("model.layers.") or k.startswith("model.layers.0.")}
     draft.load_state_dict(keep, strict=True)
@@ -241,7 +131,7 @@ def _mean_rms(embed: Any) -> float:
     return float(embed.pow(2).mean(-1).sqrt().mean())
 
 
-def _eagle3_head(target: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def eagle3_head(target: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """An EAGLE-3 head (weights by checkpoint name, config) that predicts as ``target``'s layer 0 does.
 
     vLLM's head layer sees ``[norm(embedding), hidden_norm(h)]`` with residual ``hidden_norm(h)`` (with
@@ -288,7 +178,7 @@ def _eagle3_head(target: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     return {k: v.contiguous() for k, v in w.items()}, config
 
 
-def _eagle_head(target: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def eagle_head(target: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """An EAGLE-1 head (weights by checkpoint name, config) that predicts as ``target``'s layer 0 does.
 
     vLLM's EAGLE-1 layer reads ``fc([embedding, hidden])`` with no input norm and ends without a final norm before
@@ -318,7 +208,7 @@ def _eagle_head(target: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     return {k: v.contiguous() for k, v in w.items()}, config
 
 
-def _mimo(target: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def mimo(target: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """``target`` as a MiMo checkpoint (Qwen2 names, zero QKV biases) with one MTP layer that predicts as its
     layer 0 does: MiMo's layer projects ``[hidden_norm(h), token_norm(embedding)]`` to the block's input and
     residual; the hidden half is weighted zero and the embedding half maps the normalised embedding back to the
@@ -351,101 +241,3 @@ def _mimo(target: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         "use_sliding_window": False,
     }
     return {k: v.contiguous() for k, v in w.items()}, config
-
-
-def _save_head(weights: dict[str, Any], config: dict[str, Any], tokenizer: Any, path: Path) -> None:
-    import json
-
-    from safetensors.torch import save_file
-
-    path.mkdir(parents=True)
-    save_file(weights, str(path / "model.safetensors"))
-    (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-    tokenizer.save_pretrained(path)
-
-
-def _save(model: Any, tokenizer: Any, path: Path) -> None:
-    model.save_pretrained(path, safe_serialization=True)
-    tokenizer.save_pretrained(path)
-
-
-def build(root: Path | None = None) -> dict[str, Path]:
-    """Build (or reuse) both families; return ``{name: path}`` for every name in :data:`MODELS`."""
-    root = root or cache_root()
-    paths = {name: root / name for name in MODELS}
-    if all((p / "config.json").is_file() for p in paths.values()):
-        return paths
-
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=root.parent))
-    try:
-        corpus = _corpus(seed=7)
-        tok = _train_tokenizer(corpus, VOCAB_SIZE)
-        other_tok = _train_tokenizer(_corpus(seed=8), VOCAB_SIZE)
-        small_tok = _train_tokenizer(corpus, SMALL_VOCAB_SIZE)
-
-        target = _random_model(VOCAB_SIZE, layers=4, seed=0)
-        _save(target, tok, tmp / "target")
-        _save(target, tok, tmp / "copy")
-        _save(_noisy_copy(target, 0.02, seed=2), tok, tmp / "noise2")
-        _save(_noisy_copy(target, 0.10, seed=10), tok, tmp / "noise10")
-        _save(_random_model(VOCAB_SIZE, layers=1, seed=1234), tok, tmp / "independent")
-        _save(_reindexed_copy(target, tok, other_tok), other_tok, tmp / "other-tokenizer")
-        _save(_random_model(SMALL_VOCAB_SIZE, layers=1, seed=99), small_tok, tmp / "other-vocab")
-        for name, factor in DEEP.items():
-            deep_target, deep_draft = _deep_pair(factor)
-            _save(deep_target, tok, tmp / f"{name}-target")
-            _save(deep_draft, tok, tmp / f"{name}-draft")
-            if name in EAGLE3:
-                _save_head(*_eagle3_head(deep_target), tok, tmp / f"{name}-eagle3")
-            if name == EAGLE:
-                _save_head(*_eagle_head(deep_target), tok, tmp / f"{name}-eagle")
-            if name == MTP:
-                _save_head(*_mimo(deep_target), tok, tmp / f"{name}-mimo")
-        (tmp / "README.txt").write_text(
-            "specscope tiny models (random weights, for tests only)\n"
-            + "".join(f"{k}: {v}\n" for k, v in MODELS.items())
-        )
-        if root.exists():
-            shutil.rmtree(root)
-        tmp.rename(root)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return paths
-
-
-def prompts(count: int, seed: int = 0, min_words: int = 4, max_words: int = 40) -> list[str]:
-    """Deterministic prompts in the tiny models' language, of varied lengths."""
-    rng = random.Random(seed)
-    lines = _corpus(seed=1000 + seed, lines=count)
-    return [" ".join(line.split()[: rng.randint(min_words, max_words)]) for line in lines]
-
-
-def split_by_acceptance(llm: Any, candidates: Sequence[str], tokens: int = 48, easy: int = 8,
-                        floor: float = 0.35) -> tuple[list[str], list[str]]:
-    """Two traffic classes the draft of ``llm`` really treats differently, from one greedy pass over
-    ``candidates`` (vLLM's own per-request acceptance): the ``easy`` prompts it predicts best, and the worst it
-    predicts, as many as keep the mix's acceptance (by draft tokens) at ``floor`` or above. Random-weight models
-    have no domains, so the prompts are told apart by what the draft does with them."""
-    from vllm import SamplingParams
-
-    from specscope.collectors import vllm_reader
-
-    outputs = llm.generate(list(candidates), SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True),
-                           use_tqdm=False)
-    counts = []
-    for out in outputs:
-        steps = vllm_reader.per_step_counts(out.outputs[0].spec_decode_metrics)
-        counts.append((sum(steps[0]), sum(steps[1])) if steps and sum(steps[1]) else (0, 1))
-    order = sorted(range(len(candidates)), key=lambda i: counts[i][0] / counts[i][1])
-    best, accepted, drafted = order[-easy:], 0, 0
-    for i in best:
-        accepted, drafted = accepted + counts[i][0], drafted + counts[i][1]
-    worst = []
-    for i in order[:-easy]:
-        if (accepted + counts[i][0]) / (drafted + counts[i][1]) < floor:
-            break
-        worst.append(i)
-        accepted, drafted = accepted + counts[i][0], drafted + counts[i][1]
-    return [candidates[i] for i in best], [candidates[i] for i in worst]
