@@ -118,7 +118,7 @@ class Demo:
         return llm, profile
 
     def good_draft(self, plain: Any, baseline: StepProfile) -> None:
-        from specscope.verdict import estimate, recommended_config
+        from specscope.verdict import config_text, estimate, recommended_config
 
         name = SCENARIOS[2]
         self.show(name)
@@ -144,7 +144,7 @@ class Demo:
         config = recommended_config(llm.snapshot())
         self.say("3/5 good draft: specscope's K schedule: "
                  + ("turn speculation off (remove speculative_config)" if config is None else
-                    json.dumps(config["num_speculative_tokens_per_batch_size"])))
+                    config_text(config)))
         self._close(llm)
 
     def weak_draft(self, baseline: StepProfile) -> None:

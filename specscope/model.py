@@ -441,6 +441,20 @@ class EngineInfo:
     #: vLLM's ``rejection_sample_method`` where set (0.33: ``fly`` is lossy, see :attr:`lossy_verification`).
     rejection_sample_method: str | None = None
 
+    #: vLLM's ``data_parallel_size``: above 1, vLLM drops ``num_speculative_tokens_per_batch_size`` and drafts
+    #: ``num_speculative_tokens`` at every batch size.
+    data_parallel_size: int | None = None
+
+    @property
+    def one_k_reason(self) -> str | None:
+        """Why vLLM drafts one K at every batch size here whatever the config asks (a method it keeps no schedule
+        for, or data parallel); None where it takes a per-batch-size schedule."""
+        if self.method is not None and self.method not in SCHEDULABLE_METHODS:
+            return f"vLLM keeps no per-batch-size schedule for method {self.method}"
+        if self.data_parallel_size is not None and self.data_parallel_size > 1:
+            return f"vLLM drops a per-batch-size schedule under data parallel (size {self.data_parallel_size})"
+        return None
+
     @property
     def lossy_verification(self) -> bool:
         """True where verification accepts some tokens the target would not have sampled (vLLM 0.33's ``fly``):

@@ -240,6 +240,22 @@ def test_schedule_best_k_by_batch_size_and_k0_priced() -> None:
     assert choose.choose_schedule(Candidate("none", "ngram"), [1, 8], 16) is None
 
 
+def test_under_data_parallel_the_advice_is_one_k() -> None:
+    """vLLM drops a per-batch-size schedule when data_parallel_size > 1: GOOD's schedule (K=4 then K=2) would run
+    K=4 everywhere. The advice is the K with the best geometric mean of its speedups over the batch sizes."""
+    c = cand("good", GOOD)
+    c.schedule = one = choose.choose_schedule(c, [1, 8], 256, one_k=True)
+    # K=2: sqrt(1.65 * 1.175) = 1.39; K=4: sqrt(2.05 * 1.05) = 1.47 -> K=4.
+    assert one is not None and one.ranges == [(1, 256, 4)] and one.config == {"num_speculative_tokens": 4}
+    assert one.same_as_k == 4 and one.cells is c.runs[4].cells
+    assert choose.choose_schedule(cand("weak", WEAK), [1, 8], 256, one_k=True).config is None  # type: ignore[union-attr]
+    ev = Evaluation("t", {"k": [2, 4], "batch_sizes": [1, 8], "rounds": 1, "window_s": 1.0, "data_parallel_size": 2},
+                    [c])
+    text = render.render_text(ev)
+    assert "data parallel size 2: vLLM drops a per-batch-size schedule there" in text
+    assert "batch 1 (K=4)" in text and "batch 8 (K=4)" in text and "per_batch_size" not in text
+
+
 def test_the_same_numbers_give_the_same_schedule_here_and_in_the_live_verdict() -> None:
     """One rule (verdict.schedule.k_ranges): an engine whose live step times and baseline give the verdict's schedule
     is measured here as those numbers say (plain tokens/s from the baseline, each K's speedup and the K = 0 price

@@ -274,6 +274,16 @@ def test_k_table_and_a_ready_to_paste_schedule(tmp_path: Path) -> None:
     assert "costs at batch 16 (0.96x): if the engine runs there most, remove speculative_config" in text
     assert '"num_speculative_tokens_per_batch_size": [[1, ' in text
     assert schedule_config([(1, 16, 0)]) is None
+    # One K throughout is num_speculative_tokens alone: vLLM runs it the same, without a schedule's buffers.
+    assert schedule_config([(1, 8, 3), (9, 16, 3)]) == {"num_speculative_tokens": 3}
+    # Under data parallel vLLM drops the schedule and drafts num_speculative_tokens at every batch size: following
+    # the schedule would run K=3 at batch 16. One K instead, the best at the operating batch, and why: at batch 16
+    # none pays (remove speculation), at batch 1 K=3.
+    hub.set_engine(replace(hub.snapshot().engine, data_parallel_size=2))
+    assert recommended_config(hub.snapshot()) is None
+    dp = replace(hub.snapshot(), decode_batch=1)
+    assert recommended_config(dp) == {"num_speculative_tokens": 3}
+    assert "vLLM drops a per-batch-size schedule under data parallel (size 2): one K" in "\n".join(schedule_text(dp))
 
 
 def test_a_baseline_of_another_setup_is_refused_with_one_warning(tmp_path: Path, caplog: Any) -> None:

@@ -129,7 +129,13 @@ def engine_info(vllm_config: Any) -> EngineInfo:
         draft_memory=draft_memory(vllm_config),
         draft_memory_note=draft_memory_note(vllm_config),
         rejection_sample_method=rejection if isinstance(rejection, str) else None,
+        data_parallel_size=_int_or_none(getattr(getattr(vllm_config, "parallel_config", None),
+                                                "data_parallel_size", None)),
     )
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 _CACHE_DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1, "float16": 2, "half": 2,

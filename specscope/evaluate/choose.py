@@ -14,7 +14,8 @@ RANKING_RULE = ("the geometric mean, over the batch sizes given, of each candida
                 "(at its best K; refused and failed candidates last)")
 
 
-def choose_schedule(cand: Candidate, batch_sizes: Sequence[int], max_batch: int) -> Schedule | None:
+def choose_schedule(cand: Candidate, batch_sizes: Sequence[int], max_batch: int,
+                    one_k: bool = False) -> Schedule | None:
     """The best K at each batch size measured and vLLM's schedule from it, to ``max_batch``; None before anything
     was measured.
 
@@ -23,7 +24,8 @@ def choose_schedule(cand: Candidate, batch_sizes: Sequence[int], max_batch: int)
     (:func:`_k_between`), held between the two measured K and moving one way; beyond the largest, its K. A K = 0
     range costs what specscope's estimate prices it at, and is never scheduled where it has no price; where no K
     pays at any batch size, the advice is to run without speculation (``config`` None). One K throughout is a plain
-    ``num_speculative_tokens``, measured by that K's runs.
+    ``num_speculative_tokens``, measured by that K's runs. With ``one_k`` (a server vLLM runs with one K whatever
+    its config says: data parallel), the K whose speedups score best over the batch sizes (:data:`RANKING_RULE`).
     """
     choices = []
     for b in sorted(batch_sizes):
@@ -37,12 +39,16 @@ def choose_schedule(cand: Candidate, batch_sizes: Sequence[int], max_batch: int)
         choices.append(Choice(b, k if speedup > 1.0 else 0, max(speedup, 1.0), scheduled, expected, k0))
     if not choices:
         return None
-    ranges = k_ranges([(c.batch_size, c.k) for c in choices], max(max_batch, choices[-1].batch_size),
-                      lambda b: _k_between(cand, choices, b))
+    last = max(max_batch, choices[-1].batch_size)
+    if one_k:
+        scored = [(s, k) for k, run in cand.runs.items()
+                  if (s := _geomean([c.speedup for b in batch_sizes if (c := run.cells.get(b)) and c.speedup]))]
+        best = max(scored, default=(0.0, 0))
+        ranges = [(1, last, best[1] if best[0] > 1.0 else 0)]
+    else:
+        ranges = k_ranges([(c.batch_size, c.k) for c in choices], last, lambda b: _k_between(cand, choices, b))
     config = schedule_config(ranges) if any(c.best_k for c in choices) else None
-    same = ranges[0][2] if config is not None and len(ranges) == 1 else None
-    if same is not None:
-        config = {"num_speculative_tokens": same}
+    same = config["num_speculative_tokens"] if config is not None and len(config) == 1 else None
     return Schedule(choices, ranges, config, cand.runs[same].cells if same else {}, same)
 
 
@@ -82,8 +88,11 @@ def _plain_step(cand: Candidate, b: int) -> float:
 
 def score(cand: Candidate, batch_sizes: Sequence[int]) -> float | None:
     """The ranking score (:data:`RANKING_RULE`) over the batch sizes measured; None where none was."""
-    best = [found[1] for b in batch_sizes if (found := cand.best(b)) is not None]
-    return math.exp(sum(math.log(x) for x in best) / len(best)) if best else None
+    return _geomean([found[1] for b in batch_sizes if (found := cand.best(b)) is not None])
+
+
+def _geomean(values: Sequence[float]) -> float | None:
+    return math.exp(sum(math.log(x) for x in values) / len(values)) if values else None
 
 
 def rank(candidates: Sequence[Candidate], batch_sizes: Sequence[int]) -> list[tuple[Candidate, float | None]]:

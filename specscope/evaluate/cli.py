@@ -58,6 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds each measurement holds its batch full (default 10)")
     parser.add_argument("--max-tokens", type=int, default=128,
                         help="output tokens of a prompt without max_tokens (default 128)")
+    parser.add_argument("--data-parallel-size", type=int, default=1, metavar="N",
+                        help="the server's data_parallel_size the advice is for: above 1 vLLM drops a per-batch-size "
+                        "schedule, so the advice is one K (the engines here run one rank; default 1)")
     parser.add_argument("--engine-arg", action="append", metavar="NAME=VALUE",
                         help="a vllm.LLM argument for every engine; VALUE is JSON when it parses (e.g. "
                         "max_model_len=1024); prefix caching is off unless set here")
@@ -75,8 +78,9 @@ def main(args: argparse.Namespace, engine_kw: dict[str, Any]) -> int:
 
     try:
         ks, sizes = _ints(args.k, "--k"), _ints(args.batch_sizes, "--batch-sizes")
-        if args.rounds < 1 or not args.window_s > 0 or args.max_tokens < 1:
-            raise InputError("--rounds and --max-tokens take positive integers, --window-s a positive number")
+        if args.rounds < 1 or not args.window_s > 0 or args.max_tokens < 1 or args.data_parallel_size < 1:
+            raise InputError("--rounds, --max-tokens and --data-parallel-size take positive integers, --window-s a "
+                             "positive number")
         models = [*args.draft, *(h for m in HEADS for h in getattr(args, m))]
         if not models and not args.method:
             raise InputError("name at least one candidate: --draft MODEL, --eagle3 HEAD, --eagle HEAD or --method "
@@ -100,7 +104,8 @@ def main(args: argparse.Namespace, engine_kw: dict[str, Any]) -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # keep the progress lines readable
     engine_kw = {"enable_prefix_caching": False, **engine_kw}  # every round repeats the prompts
     settings = {"k": ks, "batch_sizes": sizes, "rounds": args.rounds, "window_s": args.window_s,
-                "max_tokens": args.max_tokens, "engine_args": engine_kw, "prompts_file": args.prompts}
+                "max_tokens": args.max_tokens, "engine_args": engine_kw, "prompts_file": args.prompts,
+                "data_parallel_size": args.data_parallel_size}
     ev = Evaluation(args.target, settings, candidates)
     for c in candidates:
         if c.status == "refused":

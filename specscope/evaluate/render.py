@@ -106,6 +106,9 @@ def render_text(ev: Evaluation) -> str:
              f"than max_model_len {p.get('max_model_len', '?')}); classes "
              + ", ".join(f"{k} {v}" for k, v in p.get("classes", {}).items()),
              f"ranking: {RANKING_RULE}"]
+    if s.get("data_parallel_size", 1) > 1:
+        lines.append(f"data parallel size {s['data_parallel_size']}: vLLM drops a per-batch-size schedule there, so "
+                     "each candidate's advice is one K, the best over the batch sizes")
     for n, (c, sc) in enumerate(rank(ev.candidates, sizes), 1):
         tok = f"; tokenizer {c.tokenizer['verdict']}" if c.tokenizer else ""
         lines.append(f"{n}. {c.name} ({c.method}) score {_x(sc)}{tok}; {c.status}"
@@ -130,7 +133,7 @@ def render_text(ev: Evaluation) -> str:
             lines.append("   speculative_config: " + json.dumps(sched.config))
             lines.append(("   schedule measured: " if sched.same_as_k is None else
                           f"   K={sched.same_as_k} at every batch size, measured: ") + "  ".join(
-                f"batch {ch.batch_size} (K={ch.k}) {_cell_text(sched.cells.get(ch.batch_size))}"
+                f"batch {ch.batch_size} (K={sched.same_as_k or ch.k}) {_cell_text(sched.cells.get(ch.batch_size))}"
                 for ch in sched.choices))
     return "\n".join(lines) + "\n"
 

@@ -79,6 +79,7 @@ class Runner:
     def run(self, ev: Evaluation, work: Workload, max_batch: int) -> None:
         """Measure every candidate not refused, filling ``ev`` as it goes (an interrupt leaves what was measured)."""
         ks, sizes = ev.settings["k"], ev.settings["batch_sizes"]
+        one_k = ev.settings.get("data_parallel_size", 1) > 1
         todo = [c for c in ev.candidates if c.status == "pending"]
         self._warm(self.plain, work, sizes)
         for i, cand in enumerate(todo):
@@ -92,7 +93,7 @@ class Runner:
                     self._predict(cand, run, hub, work, sizes)
                     _shutdown(self.spec)
                     self.spec = None
-                cand.schedule = choose_schedule(cand, sizes, max_batch)
+                cand.schedule = choose_schedule(cand, sizes, max_batch, one_k)
                 sched = cand.schedule
                 if sched is not None and sched.config is not None and sched.same_as_k is None:
                     self.spec = self._start({**cand.config(1), **sched.config})
@@ -103,7 +104,7 @@ class Runner:
             except KeyboardInterrupt:
                 cand.status = "interrupted"
                 if cand.runs and cand.schedule is None:
-                    cand.schedule = choose_schedule(cand, sizes, max_batch)
+                    cand.schedule = choose_schedule(cand, sizes, max_batch, one_k)
                 raise
             except Exception as exc:  # a configuration vLLM refuses: that candidate fails, the others go on
                 cand.status, cand.note = "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"

@@ -7,7 +7,6 @@ screen reads the same under ``NO_COLOR`` and on a light terminal.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from rich.text import Text
@@ -17,7 +16,7 @@ from specscope.fleet import Target
 from specscope.memory import draft_kv_cost
 from specscope.model import RequestRecord, Snapshot, TrafficClass
 from specscope.summary import percent
-from specscope.verdict import by_batch_line, by_batch_size, class_speedup, estimate, recommended_config
+from specscope.verdict import by_batch_line, by_batch_size, class_speedup, config_text, estimate, recommended_config
 
 BAR = 20
 
@@ -173,10 +172,10 @@ def spec_panel(snap: Snapshot | None, threshold: float, history: list[float] | N
             config = recommended_config(snap)
             if config is None:
                 advice = "remove speculative_config: no K pays"
-            elif "num_speculative_tokens_per_batch_size" in config:
-                advice = json.dumps(config["num_speculative_tokens_per_batch_size"])
-            else:  # a method vLLM takes no schedule for: one K
-                advice = f"none for {snap.engine.method} in vLLM; run K={config['num_speculative_tokens']}"
+            elif snap.engine.one_k_reason is not None:
+                advice = f"none ({snap.engine.one_k_reason}); run K={config['num_speculative_tokens']}"
+            else:
+                advice = config_text(config)
             t.append(f"K schedule: {advice}\n")
     return t
 

@@ -39,6 +39,7 @@ from specscope.verdict.cost import (
 )
 from specscope.verdict.schedule import (
     KChoice,
+    config_text,
     k_ranges,
     k_schedule,
     k_table,
@@ -60,8 +61,8 @@ from specscope.verdict.speedup import (
 
 __all__ = [
     "ASSUMED_VERIFY_COST", "LOSSY_CAVEAT", "MIN_STEPS", "MIN_TABLE_STEPS", "Baseline", "KChoice", "SpeedupEstimate",
-    "baseline_problem", "by_batch_line", "by_batch_size", "class_speedup", "cost_ratio_from_sizes", "estimate",
-    "k0_decode", "k_ranges", "k_schedule", "k_table", "load_profile", "measured_cost", "merge_profiles",
+    "baseline_problem", "by_batch_line", "by_batch_size", "class_speedup", "config_text", "cost_ratio_from_sizes",
+    "estimate", "k0_decode", "k_ranges", "k_schedule", "k_table", "load_profile", "measured_cost", "merge_profiles",
     "monotone_between", "recommended_config", "save_profile", "schedule_config", "schedule_text", "usable_baseline",
     "verify_cost", "with_baseline",
 ]

@@ -9,10 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specscope.model import (
-    SCHEDULABLE_METHODS,
-    Snapshot,
-)
+from specscope.model import Snapshot
 from specscope.verdict.speedup import by_batch_size, estimate
 
 
@@ -97,27 +94,36 @@ def monotone_between(ks: list[int], measured: list[tuple[int, int]]) -> list[int
 
 
 def schedule_config(schedule: list[tuple[int, int, int]]) -> dict[str, Any] | None:
-    """The speculative-config keys that apply ``schedule``; None when no batch size should speculate."""
-    top = max((k for _, _, k in schedule), default=0)
-    if top == 0:
+    """The speculative-config keys that apply ``schedule``; None when no batch size should speculate. One K
+    throughout is ``num_speculative_tokens`` alone (a one-range schedule would only size vLLM's buffers the same)."""
+    ks = {k for _, _, k in schedule}
+    if not ks or ks == {0}:
         return None
-    return {"num_speculative_tokens": top,
+    if len(ks) == 1:
+        return {"num_speculative_tokens": ks.pop()}
+    return {"num_speculative_tokens": max(ks),
             "num_speculative_tokens_per_batch_size": [list(r) for r in schedule]}
 
 
 def recommended_config(snap: Snapshot) -> dict[str, Any] | None:
     """The schedule to configure, or None where speculation should be removed (``speculative_config`` dropped, a
     restart): where no batch size measured pays even at its best K, since a K = 0 range still costs a draft pass.
-    For a method whose schedule vLLM drops (:data:`SCHEDULABLE_METHODS`), one K: the best at the operating batch."""
+    Where vLLM would run one K whatever the config says (:attr:`~specscope.model.EngineInfo.one_k_reason`: a method
+    it keeps no schedule for, or data parallel), one K: the best at the operating batch."""
     table = k_table(snap)
     if not any(c.speedup >= 1.0 for c in table):
         return None
-    method = snap.engine.method
-    if method is not None and method not in SCHEDULABLE_METHODS:
+    if snap.engine.one_k_reason is not None:
         est = estimate(snap)
         k = est.advised_k if est is not None and est.measured else max(table, key=lambda c: c.speedup).k
         return {"num_speculative_tokens": k} if k else None
     return schedule_config(k_schedule(snap))
+
+
+def config_text(config: dict[str, Any]) -> str:
+    """A recommended config in a line: the schedule's ranges, or the one K."""
+    ranges = config.get("num_speculative_tokens_per_batch_size")
+    return json.dumps(ranges) if ranges else f"K={config['num_speculative_tokens']} at every batch size"
 
 
 def schedule_text(snap: Snapshot) -> list[str]:
@@ -131,10 +137,9 @@ def schedule_text(snap: Snapshot) -> list[str]:
         lines.append(f"{c.batch_size:>5}  {c.k:>6}  {c.speedup:6.2f}x   (K={c.running_k}: {c.running_speedup:.2f}x)"
                      + zero)
     config = recommended_config(snap)
-    fixed = snap.engine.method is not None and snap.engine.method not in SCHEDULABLE_METHODS
+    fixed = snap.engine.one_k_reason is not None
     if fixed:
-        lines.append(f"vLLM keeps no per-batch-size schedule for method {snap.engine.method}: one K, the best at "
-                     "the operating batch")
+        lines.append(f"{snap.engine.one_k_reason}: one K, the best at the operating batch")
     if config is None and fixed and any(c.speedup >= 1.0 for c in table):
         lines.append("remove speculative_config: no K pays at the operating batch")
     elif config is None:

@@ -72,6 +72,7 @@ def test_each_engine_equals_vllms_own_counters(scaled: tuple[str, int, Path], tm
     for _ in range(6):  # new connections: the kernel hands them to either API-server process
         snap = httpx.get(f"{url}/specscope/snapshot", timeout=10).json()
         assert snap["processes"] == 2  # each process answers with both processes' numbers
+        assert snap["engine"]["data_parallel_size"] == 2  # where vLLM drops a per-batch-size schedule
         engines = {str(e["index"]): e["lifetime"]["spec"] for e in snap["engines"]}
         for index, counts in vllm.items():
             assert engines[index]["drafts"] == counts["vllm:spec_decode_num_drafts_total"], index
