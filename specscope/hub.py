@@ -148,7 +148,9 @@ class Hub:
         ``window_s``: the window's length (default: the hub's); beyond the kept history the window is all of it.
         Other processes' windows are the ones they published (their hubs' own)."""
         own = self.local_snapshot(window_s)
-        return own if self._share is None else merge([own, *self._share.others()], self.requests.max_requests)
+        if self._share is None:
+            return own
+        return merge([own, *self._share.others()], self.requests.max_requests, self.requests.max_classes)
 
     def local_snapshot(self, window_s: float | None = None) -> Snapshot:
         """An immutable view of everything this process recorded: the engines' sums, and each engine on its own

@@ -3,7 +3,10 @@
 vLLM hands each step's scheduler stats to one front end and each request's stats to the front end that owns the
 request, so every API-server process sees a disjoint share of the steps and requests. Counts, step times,
 histograms and the attribution sums add up; each engine's gauges (running, waiting, KV cache) are taken from
-the process that heard from that engine last; request records are the newest of all.
+the process that heard from that engine last; request records are the newest of all. A process whose snapshot is
+:data:`STALE_S` older than the merging one's is gone: its lifetime counts stay, its window and gauges do not.
+Traffic classes are capped again after adding (:func:`_add_classes`), and a histogram whose buckets differ from
+the others' (another specscope version) is left out and counted in health (:data:`DROPPED_HISTOGRAM`).
 """
 
 from __future__ import annotations
@@ -11,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
-from specscope import intervals
+from specscope import classes, intervals
 from specscope.model import (
+    ClassCounts,
     EngineInfo,
     EngineView,
     Health,
@@ -21,8 +25,14 @@ from specscope.model import (
     OperationLatency,
     PositionAcceptance,
     Snapshot,
+    Totals,
     TrafficClass,
 )
+
+#: A process's snapshot older than this (than the merging process's own) is someone gone.
+STALE_S = 30.0
+#: Where the health counts each histogram left out of a merge because its buckets differ from the others'.
+DROPPED_HISTOGRAM = "merge dropped histogram (buckets differ)"
 
 
 def _add_seq(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
@@ -30,22 +40,27 @@ def _add_seq(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
     return tuple((a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n))
 
 
-def _add_hist(a: Histogram | None, b: Histogram | None) -> Histogram | None:
+def _add_hist(a: Histogram | None, b: Histogram | None, name: str, dropped: list[str]) -> Histogram | None:
     if a is None or b is None:
         return a or b
-    return _sum_hist(a, b)
+    return _sum_hist(a, b, name, dropped)
 
 
-def _sum_hist(a: Histogram, b: Histogram) -> Histogram:
-    """Two histograms' sum (the first where their buckets differ)."""
+def _sum_hist(a: Histogram, b: Histogram, name: str, dropped: list[str]) -> Histogram:
+    """Two histograms' sum; where their buckets differ, the first, and ``name`` goes to ``dropped``."""
     if a.bounds != b.bounds:
+        dropped.append(name)
         return a
     return Histogram(a.bounds, _add_seq(a.counts, b.counts), a.total + b.total)
 
 
-def _add_positions(a: PositionAcceptance | None, b: PositionAcceptance | None) -> PositionAcceptance | None:
-    if a is None or b is None or a.bounds != b.bounds:
+def _add_positions(a: PositionAcceptance | None, b: PositionAcceptance | None,
+                   dropped: list[str]) -> PositionAcceptance | None:
+    if a is None or b is None:
         return a or b
+    if a.bounds != b.bounds:
+        dropped.append("acceptance_by_output_position")
+        return a
     return PositionAcceptance(a.bounds, _add_seq(a.draft_tokens, b.draft_tokens), _add_seq(a.accepted, b.accepted))
 
 
@@ -54,6 +69,14 @@ def _add_health(a: Health, b: Health) -> Health:
     for where, n in b.errors:
         errors[where] = errors.get(where, 0) + n
     return Health(tuple(sorted(errors.items())), a.dropped_records + b.dropped_records, a.last_error or b.last_error)
+
+
+def _aged(snap: Snapshot) -> Snapshot:
+    """A gone process's snapshot: its lifetime counts, with nothing in its windows and no fresh gauges."""
+    return replace(snap, window=Totals(seconds=0.0), decode_batch=None,
+                   engines=tuple(replace(e, window=Totals(seconds=0.0), decode_batch=None, updated_at=0.0)
+                                 for e in snap.engines),
+                   classes=tuple(replace(c, window=ClassCounts()) for c in snap.classes))
 
 
 def _merge_engines(snaps: Sequence[Snapshot]) -> tuple[EngineView, ...]:
@@ -88,50 +111,79 @@ def combine_kv(info: EngineInfo, engines: Sequence[EngineView]) -> KVCache:
                    tokens_held=None if note or None in held else sum(h or 0 for h in held), not_estimable=note)
 
 
-def _add_latency(snaps: Sequence[Snapshot]) -> tuple[OperationLatency, ...]:
+def _add_latency(snaps: Sequence[Snapshot], dropped: list[str]) -> tuple[OperationLatency, ...]:
     """Each operation's latency histograms, added over the snapshots."""
     ops: dict[str, OperationLatency] = {}
     for s in snaps:
         for o in s.latency_by_operation:
             mine = ops.get(o.operation)
             ops[o.operation] = o if mine is None else OperationLatency(
-                o.operation, _sum_hist(mine.duration, o.duration),
-                _sum_hist(mine.time_to_first_token, o.time_to_first_token),
-                _sum_hist(mine.time_per_output_token, o.time_per_output_token))
+                o.operation, *(_sum_hist(getattr(mine, f), getattr(o, f), f"{f} ({o.operation})", dropped)
+                               for f in ("duration", "time_to_first_token", "time_per_output_token")))
     return tuple(ops[k] for k in sorted(ops))
 
 
-def _add_classes(snaps: Sequence[Snapshot]) -> tuple[TrafficClass, ...]:
-    """Each traffic class summed over the processes, by name (most requests first)."""
+def _add_classes(snaps: Sequence[Snapshot], max_classes: int) -> tuple[tuple[TrafficClass, ...], int]:
+    """Each traffic class summed over the processes, by name (most requests first), capped as one process caps
+    them: the prompt-length buckets are always kept and count toward ``max_classes``, the other names with the
+    most requests take the rows left, the rest are added to :data:`classes.OTHER`. Also returns how many names
+    this folded."""
     out: dict[str, TrafficClass] = {}
     for s in snaps:
         for c in s.classes:
             mine = out.get(c.name)
             out[c.name] = c if mine is None else TrafficClass(
                 c.name, mine.window + c.window, mine.lifetime + c.lifetime)
-    return tuple(sorted(out.values(), key=lambda c: (-c.lifetime.requests, c.name)))
+    ranked = sorted(out.values(), key=lambda c: (-c.lifetime.requests, c.name))
+    rows = sum(name in out for name in classes.PROMPT_BUCKETS)
+    kept, folded = [], []
+    for c in ranked:
+        if c.name == classes.OTHER:
+            continue
+        if c.name in classes.PROMPT_BUCKETS or rows < max_classes:
+            rows += c.name not in classes.PROMPT_BUCKETS
+            kept.append(c)
+        else:
+            folded.append(c)
+    other = out.get(classes.OTHER)
+    for c in folded:
+        other = c if other is None else TrafficClass(classes.OTHER, other.window + c.window,
+                                                     other.lifetime + c.lifetime)
+    if other is not None:
+        kept.append(replace(other, name=classes.OTHER))
+    return tuple(sorted(kept, key=lambda c: (-c.lifetime.requests, c.name))), len(folded)
 
 
-def merge(snaps: Sequence[Snapshot], max_requests: int = 1000) -> Snapshot:
+#: The per-request histograms a snapshot holds, added field by field.
+_HISTOGRAMS = ("request_acceptance_rate", "request_acceptance_length", "request_duration", "time_to_first_token",
+               "time_per_output_token")
+
+
+def merge(snaps: Sequence[Snapshot], max_requests: int = 1000,
+          max_classes: int = classes.MAX_CLASSES) -> Snapshot:
     """One snapshot of a server from its processes' snapshots (the first is this process's own, fresh one)."""
     if len(snaps) == 1:
         return snaps[0]
     first = snaps[0]
+    snaps = [first, *(_aged(s) if first.time - s.time > STALE_S else s for s in snaps[1:])]
     life, window = first.lifetime, first.window
-    hists = [first.request_acceptance_rate, first.request_acceptance_length, first.request_duration,
-             first.time_to_first_token, first.time_per_output_token]
+    hists = {name: getattr(first, name) for name in _HISTOGRAMS}
     positions, attributed, health = first.acceptance_by_output_position, first.attributed, first.health
+    dropped: list[str] = []
     for s in snaps[1:]:
         life, window = intervals.add(life, s.lifetime), intervals.add(window, s.window)
-        theirs = [s.request_acceptance_rate, s.request_acceptance_length, s.request_duration,
-                  s.time_to_first_token, s.time_per_output_token]
-        hists = [_add_hist(a, b) for a, b in zip(hists, theirs, strict=True)]
-        positions = _add_positions(positions, s.acceptance_by_output_position)
+        hists = {name: _add_hist(h, getattr(s, name), name, dropped) for name, h in hists.items()}
+        positions = _add_positions(positions, s.acceptance_by_output_position, dropped)
         attributed = intervals.add(attributed, s.attributed)
         health = _add_health(health, s.health)
     engines = _merge_engines(snaps)
     requests = sorted((r for s in snaps for r in s.requests), key=lambda r: r.finished_at)[-max_requests:]
     running, waiting = sum_known(e.running for e in engines), sum_known(e.waiting for e in engines)
+    latency = _add_latency(snaps, dropped)
+    if dropped:
+        health = _add_health(health, Health(((DROPPED_HISTOGRAM, len(dropped)),),
+                                            last_error=f"{DROPPED_HISTOGRAM}: {', '.join(sorted(set(dropped)))}"))
+    merged_classes, folded = _add_classes(snaps, max_classes)
     return replace(
         first,
         time=max(s.time for s in snaps),
@@ -142,11 +194,7 @@ def merge(snaps: Sequence[Snapshot], max_requests: int = 1000) -> Snapshot:
         waiting=first.waiting if waiting is None else waiting,
         kv=combine_kv(first.engine, engines) if engines else first.kv,
         requests=tuple(requests),
-        request_acceptance_rate=hists[0],
-        request_acceptance_length=hists[1],
-        request_duration=hists[2],
-        time_to_first_token=hists[3],
-        time_per_output_token=hists[4],
+        **hists,
         tokenizer=first.tokenizer or next((s.tokenizer for s in snaps if s.tokenizer), None),
         cost_ratio=first.cost_ratio or next((s.cost_ratio for s in snaps if s.cost_ratio), None),
         decode_batch=window.step_times.busiest() or next((s.decode_batch for s in snaps if s.decode_batch), None),
@@ -155,9 +203,9 @@ def merge(snaps: Sequence[Snapshot], max_requests: int = 1000) -> Snapshot:
         engines=engines,
         attributed=attributed,
         unavailable=tuple(sorted({u for s in snaps for u in s.unavailable})),
-        latency_by_operation=_add_latency(snaps),
-        classes=_add_classes(snaps),
-        folded_classes=sum(s.folded_classes for s in snaps),
+        latency_by_operation=latency,
+        classes=merged_classes,
+        folded_classes=sum(s.folded_classes for s in snaps) + folded,
         processes=sum(s.processes for s in snaps),
     )
 

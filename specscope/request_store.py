@@ -36,6 +36,11 @@ class RequestStore:
         """How many records are kept."""
         return self._log.max_requests
 
+    @property
+    def max_classes(self) -> int:
+        """How many traffic classes get rows of their own."""
+        return self._log.max_classes
+
     def expect_parts(self, parts: int) -> None:
         """How many sources report each request (2 when timing and speculative numbers come separately)."""
         with self._lock:

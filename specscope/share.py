@@ -32,7 +32,6 @@ import secrets
 import stat
 import tempfile
 import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -47,8 +46,6 @@ log = logging.getLogger("specscope")
 
 #: Request records each process publishes (the merge keeps the newest of all).
 PUBLISHED_REQUESTS = 200
-#: A process's file older than this is someone gone: its counts stay, its gauges are not fresh anyway.
-STALE_S = 30.0
 #: Other names tried when the default directory is not ours.
 FALLBACKS = 3
 
@@ -218,7 +215,6 @@ class ProcessShare:
 
     def _read(self) -> None:
         others, bad = [], {}
-        now = time.time()
         for entry in os.scandir(self.directory):
             if not entry.name.endswith(".json") or entry.name == f"{self.rank}.json":
                 continue
@@ -235,8 +231,6 @@ class ProcessShare:
                 if self._bad.get(entry.name) != version:
                     self._count(exc)
                 continue
-            if now - snap.time > STALE_S:  # gone: keep its counts, not its gauges
-                snap = replace(snap, engines=tuple(replace(e, updated_at=0.0) for e in snap.engines))
             others.append(snap)
         self._bad = bad
         self._others = others

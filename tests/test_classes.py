@@ -178,6 +178,24 @@ def test_classes_merge_by_name_and_survive_the_json_codec() -> None:
     assert codec.to_dict(merged)["classes"][0]["window"]["acceptance_rate"] is not None
 
 
+def test_merged_classes_are_capped_as_one_process_caps_them() -> None:
+    """Each process keeps its own max_classes rows; the merge caps the sum again: the prompt-length buckets stay and
+    count toward the limit, the names with the most requests keep their rows, the rest go to other (and are
+    counted as folded). Nothing is lost: the rows add up to every request."""
+    one, two = Hub(max_classes=3), Hub(max_classes=3)
+    for i, name in enumerate(["a", "a", "a", "b"]):
+        record(one, f"one{i}", name, (1, 1))
+    record(one, "short", None, (1, 1))
+    for i, name in enumerate(["c", "c", "d", "x", "y"]):  # x, y: past this process's limit, folded into other
+        record(two, f"two{i}", name, (1, 1))
+    assert len(one.snapshot().classes) == 3 and len(two.snapshot().classes) == 4
+    merged = merge([one.snapshot(), two.snapshot()], max_classes=3)
+    assert {c.name: c.lifetime.requests for c in merged.classes} == {"a": 3, "c": 2, "prompt:<256": 1, "other": 4}
+    assert {c.name: c.window.requests for c in merged.classes}["other"] == 4
+    assert merged.folded_classes == 2 + 2  # x and y in their process; b and d in the merge
+    assert sum(c.lifetime.requests for c in merged.classes) == 10
+
+
 def test_the_class_rule_fires_for_the_weak_class_only_and_says_what_the_aggregate_hides() -> None:
     from specscope.alerts.evaluate import Evaluator
     from specscope.alerts.rules import Thresholds

@@ -115,6 +115,57 @@ def test_merge_adds_counts_and_takes_each_engines_freshest_gauges() -> None:
     assert merged.request_duration is not None and merged.request_duration.count == 2
 
 
+def test_a_gone_process_keeps_its_lifetime_counts_but_its_window_ages_out() -> None:
+    """A process that stopped publishing (dead) for longer than STALE_S: its steps and requests stay in the
+    lifetime counts, none of them in the window (overall, per engine, per class), and its gauges lose to any live
+    one's."""
+    from dataclasses import replace
+
+    from specscope.merge import STALE_S
+
+    clock = Clock()
+    live, dead = Hub(clock=clock), Hub(clock=clock)
+    dead.record_step(step(3, 0.9, 2), engine_index=0)
+    dead.requests.record("r-dead", draft_tokens=8, accepted_tokens=4, spec_steps=2, traffic_class="code")
+    gone = dead.local_snapshot()
+    clock.t += 1
+    live.record_step(step(1, 0.2, 4), engine_index=0)
+    fresh = merge([live.local_snapshot(), gone])
+    assert fresh.window.spec.accepted == 3 * 2 + 4  # type: ignore[union-attr]  # a live peer: all of it
+    clock.t += STALE_S
+    live.record_step(step(1, 0.2, 4), engine_index=0)
+    merged = merge([live.local_snapshot(), gone])
+    assert merged.lifetime.spec.accepted == 3 * 2 + 4 * 2  # type: ignore[union-attr]
+    assert merged.window.spec.accepted == 4 * 2 and merged.window.steps == 2  # type: ignore[union-attr]
+    (engine,) = merged.engines
+    assert engine.window.steps == 2 and engine.running == 1
+    (code,) = merged.classes
+    assert code.lifetime.requests == 1 and code.window.requests == 0
+    # Aged by the merging process's clock, not by when the file was read: a peer as old is gone however read.
+    assert merge([live.local_snapshot(), replace(gone, time=clock.t - 1)]).window.steps == 3
+
+
+def test_a_histogram_with_other_buckets_is_left_out_and_counted_in_health() -> None:
+    """Two processes of different specscope versions: their histograms cannot be added; the merge keeps the first
+    and counts each one left out, by name, in health, rather than dropping it unseen."""
+    from dataclasses import replace
+
+    from specscope.merge import DROPPED_HISTOGRAM
+    from specscope.model import Histogram
+
+    a, b = Hub(), Hub()
+    for hub, rid in ((a, "r-a"), (b, "r-b")):
+        hub.requests.record(rid, e2e_s=1.0, ttft_s=0.1)
+    theirs = b.local_snapshot()
+    other = replace(theirs, request_duration=Histogram((1.0, 10.0), (0, 1, 0), 1.0))
+    assert merge([a.local_snapshot(), theirs]).health.errors == ()
+    merged = merge([a.local_snapshot(), other])
+    assert merged.request_duration == a.local_snapshot().request_duration  # the first, not a wrong sum
+    assert merged.time_to_first_token is not None and merged.time_to_first_token.count == 2  # the rest add up
+    assert dict(merged.health.errors) == {DROPPED_HISTOGRAM: 1}
+    assert merged.health.last_error is not None and "request_duration" in merged.health.last_error
+
+
 def test_api_server_processes_share_one_view_and_one_exporter(tmp_path: Path) -> None:
     from specscope.share import ProcessShare
 
