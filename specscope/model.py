@@ -448,11 +448,15 @@ class EngineInfo:
     @property
     def one_k_reason(self) -> str | None:
         """Why vLLM drafts one K at every batch size here whatever the config asks (a method it keeps no schedule
-        for, or data parallel); None where it takes a per-batch-size schedule."""
+        for, or data parallel), or why a schedule costs its largest K's draft passes at every batch size (a draft
+        model on the V2 runner); None where a per-batch-size schedule costs what its K do."""
         if self.method is not None and self.method not in SCHEDULABLE_METHODS:
             return f"vLLM keeps no per-batch-size schedule for method {self.method}"
         if self.data_parallel_size is not None and self.data_parallel_size > 1:
             return f"vLLM drops a per-batch-size schedule under data parallel (size {self.data_parallel_size})"
+        if self.method == "draft_model" and self.setup is not None and self.setup.model_runner == "v2":
+            return ("vLLM's V2 model runner drafts num_speculative_tokens passes on every step for a draft model, "
+                    "whatever K the schedule gives the step")
         return None
 
     @property

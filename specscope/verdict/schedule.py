@@ -149,8 +149,19 @@ def schedule_text(snap: Snapshot) -> list[str]:
                      f"{worst.batch_size})")
     else:
         lines.append("speculative_config: " + json.dumps(config, separators=(", ", ": ")))
+        if "num_speculative_tokens_per_batch_size" in config and _graphs_lost(snap):
+            lines.append("on this GPU vLLM's V1 runner runs a schedule with PIECEWISE CUDA graphs instead of FULL "
+                         "ones, a per-step cost not priced here: measure it against the fixed K (specscope evaluate)")
         losing = [c for c in table if c.speedup < 1.0]
         if losing:
             lines.append("costs at batch " + ", ".join(f"{c.batch_size} ({c.speedup:.2f}x)" for c in losing)
                          + ": if the engine runs there most, remove speculative_config instead (a restart)")
     return lines
+
+
+def _graphs_lost(snap: Snapshot) -> bool:
+    """Whether a schedule would cost this engine its FULL CUDA graphs: vLLM 0.32 switches FULL_AND_PIECEWISE to
+    PIECEWISE under a per-batch-size schedule on the V1 runner (``_maybe_override_dynamic_sd_cudagraph_mode``)."""
+    setup = snap.engine.setup
+    return (setup is not None and (setup.device or "").startswith("cuda") and setup.model_runner != "v2"
+            and setup.enforce_eager is not True)
