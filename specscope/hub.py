@@ -51,6 +51,8 @@ class Hub:
         #: c estimated from the models' configs (the speedup estimate's c without a baseline), if known.
         self.cost_ratio: CostRatio | None = None
         self._share: Any = None
+        #: The server's API-server processes (:func:`specscope.share.join`), whether or not their numbers are shared.
+        self.server_processes = 1
         #: Where specscope's own failures are counted (``hub.health.count_error``); shown in every snapshot.
         self.health = HealthLog()
         self._pending = Flushers(self.health)
@@ -183,6 +185,7 @@ class Hub:
                                                                       if e.decode_batch), None),
             health=health,
             engines=engines,
+            server_processes=self.server_processes,
             unavailable=unavailable,
             **self.requests.snapshot_fields(now - window_len, info.num_speculative_tokens is not None),
         )

@@ -684,8 +684,11 @@ class Snapshot:
     engines: tuple[EngineView, ...] = ()
     #: Speculative counts of the finished requests' records (None where there are no records).
     attributed: Attribution | None = None
-    #: API-server processes whose numbers this snapshot merges (``vllm serve --api-server-count``).
+    #: API-server processes whose numbers this snapshot merges (``vllm serve --api-server-count``), and how many
+    #: the server runs: fewer merged than run (sharing failed, or not yet heard from) is a part of the server's
+    #: numbers, not their totals.
     processes: int = 1
+    server_processes: int = 1
     health: Health = field(default_factory=Health)
     #: What the source cannot provide (e.g. ``requests`` from a /metrics page): shown as unavailable, not zero.
     unavailable: tuple[str, ...] = ()

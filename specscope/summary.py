@@ -19,6 +19,17 @@ def _gib(n: int | None) -> str:
     return "n/a" if n is None else f"{n / (1 << 30):.1f} GiB"
 
 
+def part_line(snap: Snapshot, brief: bool = False) -> str | None:
+    """What a snapshot holding some of its server's API-server processes says of itself (``brief``: how many of
+    how many); None for the whole server."""
+    if snap.processes >= snap.server_processes:
+        return None
+    part = f"{snap.processes} of {snap.server_processes} API-server processes"
+    if brief:
+        return part
+    return f"{part}: these numbers are {'its' if snap.processes == 1 else 'theirs'}, not the server's totals"
+
+
 def summary(snap: Snapshot) -> str:
     """Engine, speculative decoding (window and lifetime), KV cache and GPU memory, one topic a line."""
     e = snap.engine
@@ -29,6 +40,9 @@ def summary(snap: Snapshot) -> str:
         + (f"  verification {e.rejection_sample_method} (lossy: acceptance counts loose accepts; not comparable "
            "with exact verification)" if e.lossy_verification else ""),
     ]
+    part = part_line(snap)
+    if part:
+        lines.append(f"partial  {part}")
     for label, t in (("window", snap.window), ("lifetime", snap.lifetime)):
         lines.append(f"{label:<8} {_spec_line(t)}")
     w = snap.window.spec

@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from vllm.v1.metrics.loggers import AggregateStatLoggerBase
@@ -23,7 +24,9 @@ from specscope.request_log import PENDING_TIMEOUT_S
 log = logging.getLogger("specscope")
 _exports_started = False
 _version_checked = False
-_share: Any = None
+_shared = False
+#: Whether this process is to serve an export role, with several API-server processes (:func:`specscope.share.join`).
+_lead: Callable[[str], bool] | None = None
 #: The most steps, and seconds, the stat logger keeps before adding them to the hub (readers flush at once). The
 #: seconds bound how late a finished request reaches the hub's listeners when nothing reads the hub: 5 s, the OTLP
 #: span exporter's own batch delay and the alert loop's interval, and half the time a request record waits for its
@@ -216,27 +219,15 @@ def _check_tokenizers_in_background(hub: Hub, vllm_config: Any) -> None:
 
 def _share_once(hub: Hub, vllm_config: Any) -> None:
     """With several API-server processes (``--api-server-count``), share the hub's numbers between them."""
-    global _share
-    if _share is not None:
+    global _lead, _shared
+    if _shared:
         return
-    par = getattr(vllm_config, "parallel_config", None)
-    count = int(getattr(par, "_api_process_count", 1) or 1)
-    if count <= 1 and not os.environ.get("SPECSCOPE_SHARE_DIR"):
-        return
-    from specscope.share import ProcessShare
+    _shared = True
+    from specscope import share
 
-    try:
-        _share = ProcessShare(hub, max(0, int(getattr(par, "_api_process_rank", 0) or 0)),
-                              processes=count if count > 1 else None)
-    except OSError as exc:
-        hub.health.count_error("process share", exc)
-        return
-    hub.attach_share(_share)
-    if getattr(par, "_api_process_rank", 0) == 0:
-        # A warning, so that it reaches the server's log under Python's default logging: what sharing cannot do.
-        log.warning("specscope: %d API-server processes share their numbers through %s; each one's appear up to "
-                    "%.0f s late in the others', and the Prometheus port, OTLP and notifications stay with the "
-                    "process that took them", count, _share.directory, 1.0)
+    par = getattr(vllm_config, "parallel_config", None)
+    _lead = share.join(hub, max(0, int(getattr(par, "_api_process_rank", 0) or 0)),
+                       int(getattr(par, "_api_process_count", 1) or 1))
 
 
 def _start_exports_once(hub: Hub) -> None:
@@ -248,4 +239,4 @@ def _start_exports_once(hub: Hub) -> None:
     _exports_started = True
     from specscope import exports
 
-    exports.from_env(hub, lead=_share.lead if _share is not None else None)
+    exports.from_env(hub, lead=_lead)

@@ -15,7 +15,7 @@ from specscope.alerts.evaluate import Alert
 from specscope.fleet import Target
 from specscope.memory import draft_kv_cost
 from specscope.model import RequestRecord, Snapshot, TrafficClass
-from specscope.summary import percent
+from specscope.summary import part_line, percent
 from specscope.verdict import by_batch_line, by_batch_size, class_speedup, config_text, estimate, recommended_config
 
 BAR = 20
@@ -75,6 +75,9 @@ def header(targets: list[Target], current: Target, window_s: float, status: str,
         ms = f" ({current.fetch_ms:.0f} ms)" if live and current.fetch_ms is not None else ""
         t.append(f"source ok{ms}", style="green")
     t.append(f"  window {window_s:.0f}s  {status}\n")
+    part = part_line(snap, brief=compact) if snap is not None else None
+    if part and compact:  # two lines: where it is not cut off
+        t.append(f"{part}  ", style="bold red")
     if snap is not None:
         e = snap.engine
         t.append(f"{e.server} {e.engine_version or ''} model {short(e.model)} draft {short(e.draft_model)} "
@@ -82,6 +85,8 @@ def header(targets: list[Target], current: Target, window_s: float, status: str,
     if len(targets) > 1 and not compact:
         down = sum(1 for x in targets if x.error)
         t.append(f" fleet {len(targets)}, {down} down")
+    if part and not compact:
+        t.append(f"\n{part}", style="bold red")
     problem = health_line(current)
     if problem:
         t.append(f"\n{problem}", style="bold red")

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from specscope.collectors import vllm_reader
+from specscope import exports, share
+from specscope.collectors import vllm_logger, vllm_reader
 from specscope.collectors.vllm_logger import SpecscopeStatLogger
 from specscope.counts import STEP_FIELDS, StepBatch, StepStats
 from specscope.hub import Hub
+from tests.test_share import declared_entry_points
 
 stats = pytest.importorskip("vllm.v1.metrics.stats")
 spec_metrics = pytest.importorskip("vllm.v1.spec_decode.metrics")
@@ -368,3 +375,45 @@ def test_an_unknown_queue_or_prefill_time_gives_no_time_to_first_token() -> None
     _, it = make_stats()
     (fin,) = vllm_reader.finished_requests(it)
     assert fin.fields["ttft_s"] == pytest.approx(0.3)
+
+
+def test_the_plugin_of_an_api_server_that_cannot_share_leaves_exports_to_index_0(monkeypatch: Any) -> None:
+    """The plugin's path: vLLM's ``_api_process_rank`` of ``_api_process_count``, no share directory named."""
+    for name in ("SPECSCOPE_SHARE_DIR", share.SERVER_ENV):
+        monkeypatch.delenv(name, raising=False)
+    leads: list[Any] = []
+    monkeypatch.setattr(exports, "from_env", lambda hub, lead=None: leads.append(lead))
+    for rank in (0, 1):
+        for name, value in (("_shared", False), ("_lead", None), ("_exports_started", False)):
+            monkeypatch.setattr(vllm_logger, name, value)  # a fresh API-server process
+        hub = Hub()
+        config = SimpleNamespace(parallel_config=SimpleNamespace(_api_process_count=2, _api_process_rank=rank))
+        vllm_logger._share_once(hub, config)
+        vllm_logger._start_exports_once(hub)
+        snap = hub.snapshot()
+        assert (snap.processes, snap.server_processes) == (1, 2)
+    assert [lead("prometheus") for lead in leads] == [True, False]
+
+
+def test_vllm_serve_runs_the_namer_before_it_starts_its_api_servers(tmp_path: Path) -> None:
+    """vLLM builds ``vllm serve``'s argument parser in the ``vllm serve`` process, before anything else starts, and
+    that runs the ``vllm.general_plugins`` entry points ``VLLM_PLUGINS`` allows: specscope's names the share there
+    (declared as in pyproject.toml, so that the test does not depend on how the package was installed)."""
+    points = declared_entry_points("vllm.general_plugins")
+    dist = tmp_path / "specscope_plugins-0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: specscope-plugins\nVersion: 0\n")
+    (dist / "entry_points.txt").write_text("[vllm.general_plugins]\n" + "".join(f"{k} = {v}\n"
+                                                                               for k, v in points.items()))
+    script = ("import os\n"
+              "from vllm.entrypoints.launchers.cli_args import make_arg_parser\n"
+              "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+              "make_arg_parser(FlexibleArgumentParser(prog='vllm serve'))\n"
+              f"print(os.environ[{share.SERVER_ENV!r}])\n")
+    env = {k: v for k, v in os.environ.items() if k not in (share.SERVER_ENV, "SPECSCOPE_SHARE_DIR",
+                                                            "XDG_RUNTIME_DIR")}
+    env.update(PYTHONPATH=str(tmp_path), VLLM_PLUGINS="specscope", TMPDIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    named = Path(out.stdout.strip().splitlines()[-1])
+    assert named.parent == tmp_path and named.name.startswith(f"specscope-{os.geteuid()}-")

@@ -177,6 +177,34 @@ async def test_source_loss_and_recovery() -> None:
             assert "source ok" in str(app.query_one("#header").render())
 
 
+async def test_an_api_server_that_cannot_share_shows_1_of_n(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its numbers are its own part of the server: the header says so, compact (two lines) or not."""
+    from specscope import share
+
+    for name in ("SPECSCOPE_SHARE_DIR", share.SERVER_ENV):
+        monkeypatch.delenv(name, raising=False)
+    hub = busy_hub(Clock())
+    share.join(hub, 1, 4)  # no directory named: it shares nothing
+
+    def handle(req: Any) -> None:
+        reply(req, 200, json.dumps(codec.to_dict(hub.snapshot())).encode())
+
+    with http_server(handle) as url:
+        app = TopApp([Target(EndpointSource(url, timeout=0.5))], interval=0)
+        async with app.run_test(size=(120, 40)) as pilot:
+            app.poll_now()
+            app.refresh_view()
+            await pilot.pause()
+            header = app.query_one("#header").render()
+            assert ("1 of 4 API-server processes: these numbers are its, not the server's totals"
+                    in str(header).splitlines())
+            await pilot.resize_terminal(80, 24)
+            await pilot.pause()
+            app.refresh_view()
+            lines = str(app.query_one("#header").render()).splitlines()
+            assert lines[1].startswith("1 of 4 API-server processes  vllm")
+
+
 def class_hub() -> Any:
     """A hub whose finished requests came in two classes: chat accepts 3 of 4 drafts a step, code 1 of 4."""
     clock = Clock()
