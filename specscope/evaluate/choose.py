@@ -43,8 +43,8 @@ def choose_schedule(cand: Candidate, batch_sizes: Sequence[int], max_batch: int,
     if one_k:
         scored = [(s, k) for k, run in cand.runs.items()
                   if (s := _geomean([c.speedup for b in batch_sizes if (c := run.cells.get(b)) and c.speedup]))]
-        best = max(scored, default=(0.0, 0))
-        ranges = [(1, last, best[1] if best[0] > 1.0 else 0)]
+        top_score, top_k = max(scored, default=(0.0, 0))
+        ranges = [(1, last, top_k if top_score > 1.0 else 0)]
     else:
         ranges = k_ranges([(c.batch_size, c.k) for c in choices], last, lambda b: _k_between(cand, choices, b))
     config = schedule_config(ranges) if any(c.best_k for c in choices) else None
