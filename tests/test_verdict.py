@@ -458,3 +458,102 @@ def test_the_verdict_is_computed_once_per_snapshot_and_afresh_for_a_changed_one(
     again = estimate(changed, batch_size=1)
     assert again is not None and not again.measured  # ... and its verdict follows the change
     assert codec.from_dict(codec.to_dict(snap)) == snap and "derived" not in codec.to_dict(snap)
+
+
+#: The schedule of issue 26 item 3: K=1 up to batch 14, a K=0 range above.
+K0_SCHEDULE = ((1, 14, 1), (15, 32, 0))
+
+
+def k0_hub(clock: Clock, window_s: float = 60.0, method: str = "draft_model", spread: float = 0.0) -> Hub:
+    """An engine that followed ``K0_SCHEDULE``: K=1 at batch 1 (a quarter of its drafts accepted, c 0.15), the
+    draft's pass alone at batch 16 and 24 (10% over a plain step); a baseline linear in the batch size (verifying
+    one more token a request costs 0.17 ms a request: 0.44 of a plain step at 16). At 16 and 24 K=1 would cost
+    more than the K=0 range saves: 1.25 tokens for 1 + 0.10 + 0.44 steps, against 1 token for 1.10."""
+    setup = replace(SETUP, max_num_seqs=32)
+    hub = Hub(clock=clock, window_s=window_s)
+    hub.set_engine(EngineInfo(num_speculative_tokens=1, method=method, setup=setup, k_schedule=K0_SCHEDULE))
+    hub.cost_ratio = CostRatio(0.1, "estimated from parameters per token", 100, 10)
+    plain = {b: 0.0034 + 0.00017 * b for b in (1, 4, 16, 24, 32)}
+    hub.set_baseline(StepProfile(tuple(StepTime(b, 50, t, spread=spread) for b, t in plain.items() if b != 24),
+                                 "measured on /m/target", setup))
+    for accepted in (1, 0, 0, 0):
+        steps(hub, clock, 1, plain[1] * 1.15, 10, accepted=accepted, k=1)
+    steps(hub, clock, 24, plain[24] * 1.1, 30)
+    steps(hub, clock, 16, plain[16] * 1.1, 40)  # the operating batch
+    return hub
+
+
+def test_a_followed_k0_range_stays_measured_and_the_advice_is_a_fixed_point() -> None:
+    """Issue 26 item 3: once a schedule with a K = 0 range runs, its batch sizes were dropped from the K table
+    (no estimate where K = 0) and the next advice carried batch 1's K over them, ``[[1, 32, 1]]``: the K it had
+    just priced as a loss there. The K = 0 steps are measured steps of the draft's pass: they stay in the table at
+    their measured speed, K > 0 is priced there from batch 1's acceptance and the pass plus verification, and the
+    advice comes back as it was applied."""
+    clock = Clock()
+    snap = k0_hub(clock).snapshot()
+    assert snap.decode_batch == 16
+    table = {c.batch_size: c for c in k_table(snap)}
+    assert set(table) == {1, 16, 24}
+    assert table[1].k == 1 and table[1].speedup > 1
+    for b in (16, 24):
+        c = table[b]
+        assert (c.k, c.running_k) == (0, 0)
+        assert c.speedup == c.running_speedup == c.k0_speedup == pytest.approx(1 / 1.1)  # measured: T_plain/T_step
+    sixteen = estimate(snap, batch_size=16)
+    assert sixteen is not None and sixteen.measured and sixteen.k == 0
+    assert sixteen.expected_speedup == pytest.approx(1 / 1.1) and not sixteen.pays
+    verify = 0.00017 * 16 / (0.0034 + 0.00017 * 16)
+    assert sixteen.c == pytest.approx(0.1 + verify)
+    # K=1 there: batch 1's 1.25 tokens a step, for the pass and one more token verified a request.
+    assert sixteen.by_k[1] == pytest.approx(1.25 / (1 + 0.1 + verify)) and sixteen.by_k[1] < sixteen.k0_speedup
+    assert sixteen.by_k[0] == 1.0 and sixteen.best_k == 0 and sixteen.scheduled_k == 0
+    text = sixteen.explain()
+    assert "the schedule's K=0 range at batch 16 runs 0.91x" in text
+    assert "measured at batch 16, where the schedule runs K=0: the draft's pass 0.10" in text
+    assert f"plus {verify:.2f} for verifying one more token a request" in text
+    assert "remove speculative_config" in text
+    assert [(e.batch_size, round(e.expected_speedup, 3)) for e in by_batch_size(snap)][1:] == [
+        (16, round(1 / 1.1, 3)), (24, round(1 / 1.1, 3))]
+    assert by_batch_line(by_batch_size(snap)).startswith("by batch size 1: ")  # type: ignore[union-attr]
+    assert "16: 0.91x  24: 0.91x; pays at batch 1, not at 16, 24" in by_batch_line(by_batch_size(snap))  # type: ignore[operator]
+    assert k_schedule(snap) == list(K0_SCHEDULE)
+    assert recommended_config(snap) == {"num_speculative_tokens": 1,
+                                        "num_speculative_tokens_per_batch_size": [list(r) for r in K0_SCHEDULE]}
+    assert "   16       0    0.91x   (K=0: 0.91x)" in "\n".join(schedule_text(snap))
+
+
+def test_a_k0_range_has_an_interval_and_prices_k_above_0_from_the_requests() -> None:
+    """With requests to resample and a baseline's spread: the K = 0 range's interval comes from the spread (its
+    speed involves no acceptance), the bands at K > 0 from the requests' acceptance as at any batch size. n-gram
+    lookup's K = 0 steps run no model: what they cost is the speculative path's, and said so."""
+    clock = Clock()
+    hub = k0_hub(clock, spread=0.03)
+    for i in range(20):
+        n = 10 + i
+        hist = (n // 2, n - n // 2) if i % 2 else (n, 0)
+        hub.requests.record(f"r{i}", prompt_tokens=20, generation_tokens=n + hist[1], num_spec_tokens=1,
+                            spec_steps=n, draft_tokens=n, accepted_tokens=hist[1], acceptance_histogram=hist)
+    hub.wait_idle()
+    est = estimate(hub.snapshot(), batch_size=16)
+    assert est is not None and est.k == 0 and est.interval is not None
+    low, high = est.interval
+    assert low < est.expected_speedup < high < 1.0 and est.surely_loses
+    assert (est.low[0], est.high[0]) == (1.0, 1.0)  # speculation removed: plain speed
+    assert all(lo < p < hi for lo, p, hi in zip(est.low[1:], est.by_k[1:], est.high[1:], strict=True))
+    ngram = estimate(k0_hub(Clock(), method="ngram").snapshot(), batch_size=16)
+    assert ngram is not None and ngram.k == 0 and ngram.measured
+    assert "no model runs, the speculative path alone costs c 0.10" in ngram.explain()
+
+
+def test_the_not_paying_alert_can_fire_at_a_k0_range() -> None:
+    """At an operating batch in a K = 0 range that surely loses to plain decoding (the draft's pass alone, 0.91x)
+    the not-paying alert fires on the window's steps there (it drafts nothing there), and says what to do; with no
+    steps there in the window it does not."""
+    hub = k0_hub(Clock(), window_s=600.0)
+    rule = BY_RULE["SpecscopeSpeculationNotPaying"]
+    (alert,) = Evaluator(hub, rules=[rule], thresholds=Thresholds(weak_draft_for_s=0, window_s=600)).evaluate()
+    assert alert.state == "firing" and "Expected speedup is 0.91x" in alert.description
+    assert "the schedule's K=0 range at batch 16 runs 0.91x" in alert.description
+    assert "remove it if the engine runs at this batch size most" in alert.description
+    # A 60 s window has gone idle since (the verdict falls back on the lifetime's steps): nothing measured now.
+    assert Evaluator(hub, rules=[rule], thresholds=Thresholds(weak_draft_for_s=0)).evaluate() == []

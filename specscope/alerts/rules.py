@@ -18,7 +18,7 @@ from specscope.catalogue import exported_name as _p
 from specscope.memory import allocator_waste, draft_kv_cost
 from specscope.model import Snapshot
 from specscope.summary import percent
-from specscope.verdict import estimate
+from specscope.verdict import MIN_STEPS, estimate
 
 #: The runbook, relative to specscope's repository (docs/runbook.md has a section per rule).
 RUNBOOK = "docs/runbook.md"
@@ -214,11 +214,15 @@ def _weak_class_promql(t: Thresholds) -> str:
 
 
 def _not_paying(s: Snapshot, t: Thresholds) -> bool:
-    w = s.window.spec
-    if w is None or w.draft_tokens < t.weak_draft_min_draft_tokens:
-        return False
+    """Surely slower than plain decoding at the operating batch: judged on the window's drafts, or, where the
+    schedule gives that batch size K = 0 (no drafts there: the draft's pass alone), on the window's steps there."""
     est = estimate(s)
-    return est is not None and est.surely_loses
+    if est is None or not est.surely_loses:
+        return False
+    if est.k == 0:
+        return est.batch_size is not None and s.window.step_times.get(est.batch_size, MIN_STEPS) is not None
+    w = s.window.spec
+    return w is not None and w.draft_tokens >= t.weak_draft_min_draft_tokens
 
 
 def _window(t: Thresholds) -> str:
@@ -233,6 +237,11 @@ def _rec(source: Source, what: str, t: Thresholds, level: str = ENGINE) -> str:
 def _drafting_promql(source: Source, t: Thresholds) -> str:
     """The engine drafted at least the minimum number of tokens over the window."""
     return f"{_rec(source, 'draft_tokens', t)} * {t.window_s:g} >= {t.weak_draft_min_draft_tokens}"
+
+
+def _decoding_promql(t: Thresholds) -> str:
+    """The engine generated tokens over the window (with no drafts: a K = 0 range of vLLM's schedule)."""
+    return (f'sum without(state) (rate({_p("specscope.tokens")}{{state="output"}}[{_window(t)}])) > 0')
 
 
 def _weak_promql(source: Source, t: Thresholds) -> str:
@@ -326,7 +335,8 @@ RULES: tuple[Rule, ...] = (
         promql=lambda t: (
             f"({_p('specscope.spec_decode.expected_speedup_high')} < 1 or "
             f"({_p('specscope.spec_decode.expected_speedup')} < 1 unless "
-            f"{_p('specscope.spec_decode.expected_speedup_high')})) and {_drafting_promql(SPECSCOPE, t)}"),
+            f"{_p('specscope.spec_decode.expected_speedup_high')})) and ({_drafting_promql(SPECSCOPE, t)} or "
+            f"({_decoding_promql(t)} unless {_rec(SPECSCOPE, 'draft_tokens', t)} > 0))"),
         for_s=lambda t: t.weak_draft_for_s,
         advice="Use the recommended K, a cheaper or better draft, or turn speculation off.",
     ),

@@ -72,6 +72,52 @@ def measured_cost(snap: Snapshot, batch_size: int) -> CostRatio | None:
     )
 
 
+def k0_cost(snap: Snapshot, batch_size: int) -> tuple[float, CostRatio] | None:
+    """At a batch size the schedule gives K = 0: ``(c0, c)``, what its steps cost beyond a plain step (one draft
+    pass for a draft model, EAGLE or MTP; for n-gram and suffix lookup, no model, the speculative path alone), and
+    c for pricing a K > 0 there: c0 plus verifying one more token a request (:func:`verify_share`). None without a
+    usable baseline and steps there, or where a draft model's step measures faster than the baseline's plain one
+    (the baseline is not comparable now)."""
+    base = usable_baseline(snap)
+    if base is None or snap.engine.k_at(batch_size) != 0:
+        return None
+    live = steps_at(snap, batch_size)
+    context = live.context if live is not None and live.context else None
+    t_step, t_plain = _spec_step_time(snap, batch_size), base.at(batch_size, MIN_STEPS, context)
+    model_free = snap.engine.method in MODEL_FREE_METHODS
+    if t_step is None or not t_plain or (t_step < t_plain and not model_free):
+        return None
+    c0 = max(0.0, t_step / t_plain - 1.0)
+    verify = verify_share(base, batch_size, context)
+    sizes = snap.cost_ratio
+    what = "the speculative path" if model_free else "the draft's pass"
+    return c0, CostRatio(
+        c0 + (verify or 0.0),
+        f"measured at batch {batch_size}, where the schedule runs K=0: {what} {c0:.2f} ({1e3 * t_step:.1f} ms a "
+        f"step, {1e3 * t_plain:.1f} ms without speculation{_priced_at(base, batch_size, context)}) plus "
+        + (f"{verify:.2f} for verifying one more token a request (the baseline's step times over batch sizes)"
+           if verify is not None else "nothing for verification (a baseline of one batch size: a lower bound)")
+        + f" ({base.source})",
+        sizes.target_params if sizes else None,
+        sizes.draft_params if sizes else None,
+    )
+
+
+def verify_share(base: StepProfile, batch_size: int, context: float | None = None) -> float | None:
+    """What verifying one more token a request costs at ``batch_size``, as a share of a plain step: the verify
+    model (:func:`verify_cost`) on the baseline's plain steps, which verify one token a request, T(b) = T0 + β·b
+    fitted over its batch sizes at ``context``: β·b / T(b). None with fewer than two batch sizes calibrated."""
+    rows = sorted({t.batch_size for t in base.times if t.steps >= MIN_STEPS})
+    points = [(b, t) for b in rows if (t := base.at(b, MIN_STEPS, context))]
+    t_b = base.at(batch_size, MIN_STEPS, context)
+    if len(points) < 2 or not t_b:
+        return None
+    n = len(points)
+    mx, my = sum(b for b, _ in points) / n, sum(t for _, t in points) / n
+    beta = (sum((b - mx) * (t - my) for b, t in points) / sum((b - mx) ** 2 for b, _ in points))
+    return max(0.0, beta) * batch_size / t_b
+
+
 def _priced_at(base: StepProfile, batch_size: int, context: float | None) -> str:
     """Where the baseline was priced: " at 412 tokens of context (calibrated at 60 tokens)", or why not."""
     rows = [t for t in base.times if t.steps >= MIN_STEPS]

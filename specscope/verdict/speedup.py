@@ -15,7 +15,7 @@ from specscope.model import (
 from specscope.sizing import MODEL_FREE_METHODS
 from specscope.verdict import uncertainty
 from specscope.verdict.baseline import usable_baseline
-from specscope.verdict.cost import MIN_STEPS, measured_cost, spec_counts, steps_at, verify_cost
+from specscope.verdict.cost import MIN_STEPS, k0_cost, measured_cost, spec_counts, steps_at, verify_cost
 
 #: Decode steps a batch size needs to get a row of its own in the by-batch verdict and the K table (batch sizes
 #: an engine passes through briefly, as a batch drains, are too noisy to advise on).
@@ -54,7 +54,8 @@ class SpeedupEstimate:
     batch_size: int | None = None
     #: End-to-end speedup of a K = 0 range in vLLM's ``num_speculative_tokens_per_batch_size``: speculation stays
     #: configured, and a draft model or head still runs a pass every step to keep its KV cache in step with the
-    #: target (:func:`k0_decode`). Only removing ``speculative_config`` (a restart) gives ``by_k[0]``.
+    #: target (:func:`k0_decode`); measured where the schedule runs K = 0 at this batch size. Only removing
+    #: ``speculative_config`` (a restart) gives ``by_k[0]``.
     k0_speedup: float = 1.0
     k0_basis: str = ""
     #: What the estimate cannot account for, for people ("" when nothing).
@@ -69,7 +70,9 @@ class SpeedupEstimate:
 
     @property
     def expected_speedup(self) -> float:
-        """End-to-end speedup at the running K."""
+        """End-to-end speedup at the running K (a K = 0 range of vLLM's schedule: :attr:`k0_speedup`)."""
+        if self.k == 0:
+            return self.k0_speedup
         return self.by_k[self.k] if self.k < len(self.by_k) else self.decode_speedup
 
     @property
@@ -148,6 +151,8 @@ class SpeedupEstimate:
 
     def explain(self) -> str:
         """One paragraph a person can act on."""
+        if self.k == 0:
+            return self._explain_k0()
         iv = self.interval
         verdict = ("pays" if self.pays else "does NOT pay" if self.surely_loses
                    else "may not pay (its interval reaches 1.0x)")
@@ -172,6 +177,30 @@ class SpeedupEstimate:
         return (f"speculation {verdict}: expected speedup {self.expected_speedup:.2f}x{sure} at K={self.k}{at} "
                 f"(decode {self.decode_speedup:.2f}x{prefill}; {tokens}; alpha {self.alpha:.2f}; "
                 f"c {self.c:.2f}, {self.c_source}); {advice}{self.caveat}")
+
+    def _explain_k0(self) -> str:
+        """:meth:`explain` at a batch size the schedule gives K = 0: the range's own speed, then K > 0's prices."""
+        iv = self.interval
+        verdict = ("pays" if self.pays else "does NOT pay" if self.surely_loses
+                   else "may not pay (its interval reaches 1.0x)")
+        at = f" at batch {self.batch_size}" if self.batch_size else ""
+        share = self.prefill_share
+        prefill = (", prefill not timed at this batch size" if share is None
+                   else f", prefill {share:.0%} of engine time" if share >= 0.005 else "")
+        sure = f" ({iv[0]:.2f}-{iv[1]:.2f}x, {self.interval_basis})" if iv else " (no interval: too few requests)"
+        scheduled, advised = self.scheduled_k, self.advised_k
+        if advised == 0 and self.best_k == 0:
+            advice = ("no K pays here: speculation removed (remove speculative_config, a restart) runs 1.00x; "
+                      "remove it if the engine runs at this batch size most")
+            if scheduled:
+                advice += f"; with speculation configured, K={scheduled} ({self.by_k[scheduled]:.2f}x) beats K=0"
+        elif advised == 0:
+            advice = f"keep K=0: K={self.best_k}'s {self.best_speedup:.2f}x is within the noise"
+        else:
+            advice = f"K={advised} would give {self.by_k[advised]:.2f}x"
+        return (f"speculation {verdict}: the schedule's K=0 range{at} runs {self.expected_speedup:.2f}x{sure}; "
+                f"{self.k0_basis}{prefill}; K>0 priced from the acceptance where the engine drafts (alpha "
+                f"{self.alpha:.2f}) and c {self.c:.2f}, {self.c_source}; {advice}{self.caveat}")
 
 
 def _observed_tokens(snap: Snapshot, k: int) -> float | None:
@@ -245,7 +274,11 @@ def _estimate(snap: Snapshot, cost: CostRatio | None, batch_size: int | None) ->
     spec = spec_counts(snap)
     batch = batch_size or snap.decode_batch
     k = snap.engine.k_at(batch) if batch else snap.engine.num_speculative_tokens
-    if not k or spec is None or spec.alpha is None:
+    if spec is None or spec.alpha is None:
+        return None
+    if k == 0 and batch and snap.engine.num_speculative_tokens:
+        return _k0_estimate(snap, cost, batch, spec.per_position, spec.alpha)
+    if not k:
         return None
     measured = measured_cost(snap, batch) if cost is None and batch else None
     if cost is None and measured is None and snap.engine.method in MODEL_FREE_METHODS:
@@ -287,6 +320,79 @@ def _estimate(snap: Snapshot, cost: CostRatio | None, batch_size: int | None) ->
     )
 
 
+def _k0_estimate(snap: Snapshot, cost: CostRatio | None, batch: int, per_position: tuple[float, ...],
+                 a: float) -> SpeedupEstimate | None:
+    """The estimate at a batch size the schedule gives K = 0, on an engine that drafts at others.
+
+    Its steps are measured steps of the draft's pass alone (of nothing for n-gram and suffix lookup): the K = 0
+    range's speed is measured there, c0 its steps' cost beyond a plain step, and each K > 0 is priced as at any
+    batch size, from the acceptance measured where the engine drafted (it depends on the draft and the text, not
+    the batch) and c = c0 plus verifying one more token a request (:func:`~specscope.verdict.cost.k0_cost`).
+    Without a baseline, c and the K = 0 range are estimated as elsewhere (:func:`k0_decode`).
+    """
+    measured = k0_cost(snap, batch) if cost is None else None
+    if measured is not None:
+        c0, c = measured
+        model_free = snap.engine.method in MODEL_FREE_METHODS
+        k0_basis = (f"measured: {'no model runs, the speculative path' if model_free else 'the draft pass'} alone "
+                    f"costs c {c0:.2f}")
+    else:
+        if cost is None and snap.engine.method in MODEL_FREE_METHODS:
+            cost = verify_cost(snap, batch)
+        given = cost or snap.cost_ratio
+        if given is None:
+            return None
+        c = given
+        price, k0_basis = k0_decode(snap, c)
+        c0 = 1.0 / price - 1.0
+    verify = c.value - c0
+    k_ref, observed = _reference(snap)
+    rates = per_position[:k_ref]
+    tokens = observed if observed is not None else acc.tokens_per_step(k_ref, rates, a)
+    rho, draft_prefill = _prefill_per_decode(snap, batch, 1.0), _draft_prefill(snap)
+
+    def speedup_at(j: int, rates: tuple[float, ...], a: float, tokens: float, c0: float) -> float:
+        """End-to-end speedup at K = ``j`` for these inputs (``tokens``: observed at ``k_ref``; 0: the range as it
+        runs, with speculation configured)."""
+        now = 1.0 / (1.0 + c0)
+        if j == 0:
+            return acc.end_to_end(now, now, rho or 0.0, draft_prefill)
+        drafted = sum(rates)
+        fraction = min(1.0, max(0.0, (tokens - 1.0) / drafted)) if drafted > 0 else 1.0
+        decode = acc.tokens_per_step(j, rates, a, fraction) / (j * (c0 + verify) + 1.0)
+        return acc.end_to_end(decode, now, rho or 0.0, draft_prefill)
+
+    point = (rates, a, tokens)
+    interval, basis, bands = _interval(snap, batch, 0, c0, measured is not None, point, speedup_at)
+    live = steps_at(snap, batch) is not None
+    return SpeedupEstimate(
+        alpha=a, k=0, c=c.value, c_basis=_basis(c, measured is not None), c_source=c.source, tokens_per_step=1.0,
+        tokens_observed=live, decode_speedup=1.0 / (1.0 + c0),
+        prefill_share=None if rho is None else rho / (1.0 + rho),
+        by_k=(1.0, *(speedup_at(j, *point, c0) for j in range(1, acc.K_MAX + 1))),
+        batch_size=batch if measured is not None or live else None,
+        k0_speedup=speedup_at(0, *point, c0), k0_basis=k0_basis,
+        caveat=LOSSY_CAVEAT if snap.engine.lossy_verification else "",
+        interval=interval, interval_basis=basis, bands=bands,
+    )
+
+
+def _reference(snap: Snapshot) -> tuple[int, float | None]:
+    """The K > 0 this engine ran the most request-steps at (the window's, else the lifetime's) and the tokens a
+    request gained per step there (:func:`_observed_tokens`): what a K = 0 batch size's prices start from.
+    Without timed steps at a K > 0, ``num_speculative_tokens`` and None."""
+    for interval in (snap.window, snap.lifetime):
+        steps: dict[int, int] = {}
+        for t in interval.step_times.times:
+            k = snap.engine.k_at(t.batch_size)
+            if k:
+                steps[k] = steps.get(k, 0) + t.steps * t.batch_size
+        if steps:
+            k = max(steps, key=lambda j: (steps[j], j))
+            return k, _observed_tokens(snap, k)
+    return snap.engine.num_speculative_tokens or 1, None
+
+
 def _slow_baseline(snap: Snapshot, measured: CostRatio | None) -> str:
     """Why a measured c is suspect: under the draft's parameter share, which per-step overhead and verifying K+1
     tokens only add to, a baseline timed while the machine ran slower (under load, or another day) puts it; ""
@@ -315,9 +421,10 @@ def _interval(snap: Snapshot, batch: int | None, k: int, c: float, measured: boo
     rows = [t for t in base.times if t.steps >= MIN_STEPS] if base is not None and measured and batch else []
     spread = min(rows, key=lambda t: abs(t.batch_size - (batch or 1))).spread if rows else 0.0
     rates, a, tokens = point
+    n = max(k, 1)  # draft tokens a step pays c for (at a K = 0 range, c is its steps' cost c0: one a step)
     draws = [(tuple(r * (d.rates[i] if i < len(d.rates) else 1.0) for i, r in enumerate(rates)),
               min(0.999, a * d.alpha), 1.0 + (tokens - 1.0) * d.gained,
-              max(0.0, ((1.0 + k * c) / m - 1.0) / k) if spread else c)
+              max(0.0, ((1.0 + n * c) / m - 1.0) / n) if spread else c)
              for d, m in zip(res.draws, uncertainty.noise(len(res.draws), spread), strict=True)]
 
     def bands() -> Bands:
@@ -356,6 +463,8 @@ def class_speedup(snap: Snapshot, cls: TrafficClass, est: SpeedupEstimate | None
     length = cls.window.mean_acceptance_length
     if est is None or length is None:
         return None
+    if est.k == 0:  # a K = 0 range drafts for no class: each runs at the range's speed
+        return est.expected_speedup
     share = est.prefill_share or 0.0
     rho = share / (1.0 - share) if share < 1.0 else 0.0
     decode = length / (est.k * est.c + 1.0)

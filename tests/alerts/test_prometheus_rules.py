@@ -142,7 +142,14 @@ CASES: dict[str, tuple[list[dict[str, str]], dict[str, str]]] = {
         series("specscope_spec_decode_draft_tokens_total", labels("good"), "0+300x40"),
         series("specscope_spec_decode_expected_speedup_ratio", labels("idle"), "0.7x40"),  # not drafting now
         series("specscope_spec_decode_draft_tokens_total", labels("idle"), "500x40"),
-    ], labels("bad")),
+        # Decoding without drafts: the operating batch in a K = 0 range of vLLM's schedule, the draft's pass alone.
+        series("specscope_spec_decode_expected_speedup_ratio", labels("k0"), "0.82x40"),
+        series("specscope_spec_decode_draft_tokens_total", labels("k0"), "500x40"),
+        series("specscope_tokens_total", labels("k0", state="output"), "0+160x40"),
+        series("specscope_spec_decode_expected_speedup_ratio", labels("k0-idle"), "0.82x40"),
+        series("specscope_spec_decode_draft_tokens_total", labels("k0-idle"), "500x40"),
+        series("specscope_tokens_total", labels("k0-idle", state="output"), "900x40"),
+    ], [labels("bad"), labels("k0")]),
     "SpecscopeTokenizerMismatch": ([
         series("specscope_tokenizer_verdict", labels("bad", state="mismatch"), "1x40"),
         series("specscope_tokenizer_verdict", labels("bad", state="warning"), "0x40"),
@@ -214,12 +221,14 @@ def promtool_tests(rule_file: Path, cases: dict[str, Any], vllm_only: bool) -> d
                 if "alert" in r}
     assert set(cases) == set(rendered)  # every rule has a firing and a quiet case
     tests = []
-    for name, (inputs, fired_labels) in cases.items():
+    for name, (inputs, fired) in cases.items():
         rule = rendered[name]
-        annotations = {k: re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m, lab=fired_labels: lab[m.group(1)], v)
-                       for k, v in rule["annotations"].items()}  # as Prometheus expands the templates
-        expected = {"exp_labels": {**fired_labels, **rule["labels"]}, "exp_annotations": annotations}
-        checks = [{"eval_time": "10m", "alertname": name, "exp_alerts": [expected]}]
+        expected = []
+        for fired_labels in fired if isinstance(fired, list) else [fired]:  # one alert, or several in order
+            annotations = {k: re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m, lab=fired_labels: lab[m.group(1)], v)
+                           for k, v in rule["annotations"].items()}  # as Prometheus expands the templates
+            expected.append({"exp_labels": {**fired_labels, **rule["labels"]}, "exp_annotations": annotations})
+        checks = [{"eval_time": "10m", "alertname": name, "exp_alerts": expected}]
         if "for" in rule:  # before `for` has elapsed the alert is only pending: nothing fires
             checks.insert(0, {"eval_time": "30s", "alertname": name, "exp_alerts": []})
         tests.append({"interval": "15s", "input_series": inputs, "alert_rule_test": checks})

@@ -196,6 +196,52 @@ def test_the_recommended_schedule_followed_as_vllm_takes_it_measures_what_was_pr
         shutdown(zero)
 
 
+def test_advice_with_a_k0_range_is_a_fixed_point(tiny: dict[str, Path], plain: Any, baseline: StepProfile) -> None:
+    """Issue 26 item 3: advice that, followed, is given back. The weak deep10 draft (a quarter of its first tokens
+    accepted) pays a little at batch 1 with K=1 and at batch 16 loses at every K, where a K = 0 range (its pass
+    alone) costs least with speculation configured: the schedule specscope gave it in the demo (README), followed
+    as vLLM takes it and run on the same traffic at batch 1 and 16, comes back with the same K at each batch size
+    measured; batch 16 stays in the K table, priced from its own K = 0 steps (before, it dropped out and the next
+    advice carried K=1 over it)."""
+    import specscope
+    from specscope.measure import measure_step_times, steady_throughput
+    from specscope.verdict import (
+        estimate,
+        k_schedule,
+        k_table,
+        merge_profiles,
+        recommended_config,
+        schedule_config,
+    )
+
+    applied = [[1, 10, 1], [11, 256, 0]]
+    base = merge_profiles([baseline, measure_step_times(plain, (16,), tokens=64, rounds=1)])
+    spec = specscope.LLM(str(tiny["deep10-target"]), specscope_hub=Hub(), specscope_baseline=base, **DEEP,
+                         speculative_config={"method": "draft_model", "model": str(tiny["deep10-draft"]),
+                                             "num_speculative_tokens": 1,
+                                             "num_speculative_tokens_per_batch_size": applied})
+    try:
+        for b in (1, 16):  # 20 decode steps or more at 16 on a slow day
+            steady_throughput(spec, b, 5.0, PROMPTS, 64)
+        snap = spec.snapshot()
+    finally:
+        shutdown(spec)
+    assert [list(r) for r in snap.engine.k_schedule] == applied
+    table = {c.batch_size: c for c in k_table(snap)}
+    sixteen = estimate(snap, batch_size=16)
+    print({b: (c.k, round(c.speedup, 2)) for b, c in table.items()}, sixteen.explain() if sixteen else None)
+    assert {1, 16} <= set(table), snap.lifetime.step_times
+    assert sixteen is not None and sixteen.k == 0 and sixteen.measured and sixteen.expected_speedup < 1.0
+    # The same K at every batch size measured: K=1 in the first range, K=0 in the second.
+    assert {b: c.k for b, c in table.items()} == {b: 1 if b <= 10 else 0 for b in table}
+    schedule = k_schedule(snap)
+    assert schedule[0][2] == 1 and schedule[-1][2] == 0
+    assert next(k for lo, hi, k in schedule if lo <= 16 <= hi) == 0
+    config = recommended_config(snap)
+    if table[1].speedup >= 1.0:  # batch 1 pays (a little, for this draft): the schedule is the advice
+        assert config == schedule_config(schedule)
+
+
 def test_prompts_longer_than_the_prefill_chunk_are_not_timed_as_decode(tiny: dict[str, Path]) -> None:
     """Steps that carry prefill are set apart from the decode steps that c comes from: with long prompts, one
     request at a time, the decode steps specscope timed add up to vLLM's own per-request decode time (first to last

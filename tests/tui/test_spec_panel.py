@@ -12,7 +12,7 @@ from specscope.model import SCHEDULABLE_METHODS, EngineInfo, StepProfile, StepTi
 from specscope.sizing import MODEL_FREE_METHODS
 from specscope.tui.view import spec_panel
 from specscope.verdict import estimate, k_table, recommended_config, schedule_text
-from tests.test_verdict import SETUP, Clock, steps
+from tests.test_verdict import K0_SCHEDULE, SETUP, Clock, k0_hub, steps
 
 #: specscope's methods, and two of vLLM's that it lists nowhere.
 METHODS = sorted(SCHEDULABLE_METHODS | MODEL_FREE_METHODS | {"medusa", "custom_class"})
@@ -67,3 +67,12 @@ def test_a_schedule_says_what_it_costs_in_cuda_graphs(device: str, runner: str, 
     text = "\n".join(schedule_text(hub.snapshot()))
     assert "num_speculative_tokens_per_batch_size" in text
     assert ("PIECEWISE CUDA graphs instead of FULL ones" in text) == said
+
+
+def test_the_panel_shows_a_k0_ranges_measured_speedup() -> None:
+    """At an operating batch in a K = 0 range of the schedule (issue 26 item 3): the range's measured speed, not
+    "speedup n/a", and the schedule it runs given back."""
+    panel = spec_panel(k0_hub(Clock()).snapshot(), 0.3).plain
+    assert "speedup 0.91x at K=0 batch 16; remove speculation (K=0 runs 0.91x)" in panel
+    assert "speedup n/a" not in panel and "16: 0.91x  24: 0.91x" in panel
+    assert panel.splitlines()[-1] == f"K schedule: {json.dumps([list(r) for r in K0_SCHEDULE])}"
