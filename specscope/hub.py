@@ -2,7 +2,8 @@
 
 Writers (the stat logger, the wrapper, the server middleware) add steps with :meth:`Hub.record_steps` and request
 parts through :attr:`Hub.requests` from the engine's path: these only add numbers under a lock and never raise.
-Readers call :meth:`Hub.snapshot`. The steps are kept per engine of a data-parallel server
+Readers call :meth:`Hub.snapshot`. A hub holds one vLLM engine's numbers (:meth:`Hub.claim`; the engines of one
+data-parallel server are one). The steps are kept per engine of a data-parallel server
 (:class:`~specscope.streams.EngineStreams`), the requests in a :class:`~specscope.request_store.RequestStore`;
 beside them are the hub's health (:class:`~specscope.health.HealthLog`), its
 :class:`~specscope.verdict.baseline.Baseline` and its GPU poller. Memory is bounded: lifetime totals are counters,
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -46,6 +48,7 @@ class Hub:
         self._window_s = window_s
         self._started = self._window_start = clock()
         self._engine = EngineInfo()
+        self._recorded: Callable[[], object | None] | None = None  # the engine whose numbers these are (its config)
         #: The start-up tokenizer check's verdict, if one ran.
         self.tokenizer: TokenizerStatus | None = None
         #: c estimated from the models' configs (the speedup estimate's c without a baseline), if known.
@@ -97,6 +100,24 @@ class Hub:
         (see :class:`~specscope.baseline.Baseline`: one from another setup is not used, and ``baseline_problem``
         says why)."""
         self._baseline.set(profile, self._engine.setup)
+
+    def claim(self, engine: object) -> bool:
+        """Record ``engine`` (a vLLM engine's config, which names the engine) here: False where the hub holds another
+        engine's numbers, which would mix with its own. The engine that recorded here may leave (uninstrumented, or
+        moved to another hub) and come back; no other engine takes its place."""
+        with self._lock:
+            if self._recorded is None:
+                try:
+                    self._recorded = weakref.ref(engine)
+                except TypeError:
+                    self._recorded = lambda: engine
+                return True
+            return self._recorded() is engine
+
+    def holds_other(self, engine: object | None = None) -> bool:
+        """Whether the hub holds the numbers of an engine other than ``engine`` (of any engine, where None)."""
+        with self._lock:
+            return self._recorded is not None and (engine is None or self._recorded() is not engine)
 
     @property
     def clock(self) -> Callable[[], float]:

@@ -12,10 +12,12 @@
 ``instrument()`` takes ``meter_provider``, ``tracer_provider`` (default: the global ones, as contrib
 instrumentations do) and ``hub`` (default: the process-wide hub). It wraps ``vllm.LLM`` and vLLM's ``AsyncLLM``
 so every engine made afterwards records into the hub (statistics and per-request speculative metrics turned on,
-as :class:`specscope.LLM` does), and exports the hub's catalogue metrics and one span per request through the
-providers. A request's span continues the trace it arrived with (the W3C ``traceparent`` sent to ``vllm serve``,
-or the span current when an offline engine was called) and links to vLLM's own ``llm_request`` span when vLLM
-traces. Registered under the ``opentelemetry_instrumentor`` entry point, so ``opentelemetry-instrument`` loads it.
+as :class:`specscope.LLM` does; a hub holds one engine's numbers, so engines made after the first are left out,
+with a warning and an error in the hub's health), and exports the hub's catalogue metrics and one span per request
+through the providers. A request's span continues the trace it arrived with (the W3C ``traceparent`` sent to
+``vllm serve``, or the span current when an offline engine was called) and links to vLLM's own ``llm_request``
+span when vLLM traces. Registered under the ``opentelemetry_instrumentor`` entry point, so
+``opentelemetry-instrument`` loads it.
 """
 
 from __future__ import annotations

@@ -20,13 +20,14 @@ from vllm.v1.engine.async_llm import AsyncLLM as _VllmAsyncLLM
 from specscope.collectors import vllm_hook
 from specscope.collectors.vllm_engine import (
     check_tokenizers,
+    engine_hub,
     instrument,
     prepare_async_llm,
     prepare_llm_kwargs,
     traffic_class,
     uninstrument,
 )
-from specscope.hub import Hub, default_hub
+from specscope.hub import Hub
 from specscope.model import Snapshot, StepProfile
 
 __all__ = ["LLM", "AsyncLLM", "instrument", "uninstrument"]
@@ -34,7 +35,9 @@ __all__ = ["LLM", "AsyncLLM", "instrument", "uninstrument"]
 class LLM(vllm.LLM):
     """``vllm.LLM`` that records per-request acceptance, KV-cache and GPU memory into a hub.
 
-    Takes every ``vllm.LLM`` argument, plus ``specscope_hub`` (default: the process-wide hub) and
+    Takes every ``vllm.LLM`` argument, plus ``specscope_hub`` (default: the process-wide hub, or a hub of its own
+    where that holds another engine's numbers; a given hub that does is refused, see
+    :func:`~specscope.collectors.vllm_engine.engine_hub`) and
     ``specscope_baseline``: the target's step times without speculation (a file written by ``specscope
     calibrate``, or a :class:`~specscope.model.StepProfile`), which makes the speedup estimate measured. For
     draft-model speculation the two tokenizers are compared first (:mod:`specscope.tokenizer_check`).
@@ -44,7 +47,7 @@ class LLM(vllm.LLM):
 
     def __init__(self, model: str, *, specscope_hub: Hub | None = None,
                  specscope_baseline: str | Path | StepProfile | None = None, **kwargs: Any) -> None:
-        hub = specscope_hub or default_hub()
+        hub = engine_hub(specscope_hub)
         if specscope_baseline is not None:
             from specscope.verdict import load_profile
 
@@ -78,13 +81,13 @@ class AsyncLLM(_VllmAsyncLLM):
     """vLLM's ``AsyncLLM`` with specscope recording; build it with ``from_engine_args`` as usual.
 
     Per-request speculative metrics are turned on when speculation is configured. ``from_engine_args`` and
-    ``from_vllm_config`` also take ``specscope_hub`` (default: the process-wide hub).
+    ``from_vllm_config`` also take ``specscope_hub`` (default: as for :class:`LLM`).
     """
 
     specscope_default_hub: Hub | None = None
 
     def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
-        hub = type(self).specscope_default_hub or default_hub()
+        hub = engine_hub(type(self).specscope_default_hub, vllm_config)
         prepare_async_llm(vllm_config, kwargs, hub)
         super().__init__(vllm_config, *args, **kwargs)
         self.specscope: Hub = instrument(self, hub)

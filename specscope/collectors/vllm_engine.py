@@ -7,6 +7,7 @@ too, so that every piece of specscope that touches vLLM's objects is in :mod:`sp
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import Any
 
@@ -18,10 +19,34 @@ from specscope.collectors.vllm_logger import SpecscopeStatLogger
 from specscope.hub import Hub, default_hub
 
 _STATE = "_specscope_state"
+log = logging.getLogger("specscope")
 
 
 class SpecscopeError(RuntimeError):
     """specscope cannot instrument this engine as asked."""
+
+
+def engine_hub(hub: Hub | None, config: Any = None) -> Hub:
+    """The hub an engine (``config``: its vLLM config, where made; None: a new engine) records into: ``hub``,
+    refused with :class:`SpecscopeError` where it holds another engine's numbers; by default the process-wide hub,
+    or a hub of its own where that one holds another engine's (logged)."""
+    if hub is not None:
+        if hub.holds_other(config):
+            raise SpecscopeError(f"{_holder(hub, 'this hub')}: an engine's numbers would mix with another's; give "
+                                 "each engine a hub of its own (specscope.Hub())")
+        return hub
+    hub = default_hub()
+    if not hub.holds_other(config):
+        return hub
+    log.info("specscope: %s; this engine records into a hub of its own (the engine's .specscope)",
+             _holder(hub, "the process-wide hub"))
+    return Hub()
+
+
+def _holder(hub: Hub, name: str) -> str:
+    info = hub.engine
+    draft = f" with draft {info.draft_model}" if info.draft_model else ""
+    return f"{name} holds the numbers of another engine ({info.model or 'unnamed'}{draft})"
 
 
 def _record_output(hub: Hub, output: Any) -> None:
@@ -50,10 +75,12 @@ def instrument(engine: Any, hub: Hub | None = None, *, keep_vllm_loggers: bool |
     default, except for ``vllm.LLM``, which needs ``disable_log_stats=False``). With
     ``keep_vllm_loggers=False`` vLLM's own log-line and Prometheus loggers are removed (default: kept, or as the
     engine's earlier instrumentation left them). Instrumenting an engine again moves it to ``hub`` (a
-    ``specscope.LLM``'s ``specscope`` attribute and ``snapshot()`` follow).
+    ``specscope.LLM``'s ``specscope`` attribute and ``snapshot()`` follow). A hub holds one engine's numbers
+    (:func:`engine_hub`): one that holds another engine's is refused, and without ``hub`` an engine gets a hub of
+    its own where the process-wide one holds another engine's.
     """
-    hub = hub or default_hub()
     target = getattr(engine, "llm_engine", engine)
+    hub = engine_hub(hub, target.vllm_config)
     earlier = getattr(target, _STATE, None)
     if keep_vllm_loggers is None:
         keep_vllm_loggers = earlier is None or not earlier[2]
@@ -65,6 +92,7 @@ def instrument(engine: Any, hub: Hub | None = None, *, keep_vllm_loggers: bool |
             "this engine collects no statistics: create it with disable_log_stats=False "
             "(specscope.LLM and specscope.AsyncLLM do this for you)"
         )
+    hub.claim(target.vllm_config)
     others = [lg for lg in manager.stat_loggers if not isinstance(lg, SpecscopeStatLogger)]
     ours = [lg for lg in manager.stat_loggers if isinstance(lg, SpecscopeStatLogger) and lg.hub is hub]
     stat_logger = ours[0] if ours else SpecscopeStatLogger.bound_to(hub)(target.vllm_config, manager.engine_indexes)

@@ -56,6 +56,11 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
 
     def __init__(self, vllm_config: Any, engine_indexes: list[int] | None = None) -> None:
         self.hub: Hub = type(self).bound_hub or default_hub()
+        mine = self.hub.claim(vllm_config)
+        if not mine:  # e.g. the plugin on a second engine in one process: kept out, in a hub nothing reads
+            log.info("specscope: the stat logger's hub holds another engine's numbers; %s is not recorded there",
+                     getattr(getattr(vllm_config, "model_config", None), "model", "this engine"))
+            self.hub = Hub()
         self.vllm_config = vllm_config
         self._clock = self.hub.clock
         self._pending: deque[_Kept] = deque()
@@ -85,6 +90,8 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
         except Exception as exc:
             self.hub.health.count_error("stat logger init", exc)
         _check_version_once()
+        if not mine:
+            return
         _check_tokenizers_in_background(self.hub, vllm_config)
         if type(self).bound_hub is None:  # the vllm serve plugin: what specscope.LLM does for itself
             from specscope.collectors import gpu_source
