@@ -440,7 +440,6 @@ class EngineInfo:
     draft_memory_note: str | None = None
     #: vLLM's ``rejection_sample_method`` where set (0.33: ``fly`` is lossy, see :attr:`lossy_verification`).
     rejection_sample_method: str | None = None
-
     #: vLLM's ``data_parallel_size``: above 1, vLLM drops ``num_speculative_tokens_per_batch_size`` and drafts
     #: ``num_speculative_tokens`` at every batch size.
     data_parallel_size: int | None = None
