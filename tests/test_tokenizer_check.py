@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import shutil
 import subprocess
@@ -14,15 +16,27 @@ import pytest
 from specscope.tokenizer_check import compare
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "specscope.cli", "check-tokenizers", *args], capture_output=True,
-                          text=True, timeout=120)
+def cli(*args: str, process: bool = False) -> subprocess.CompletedProcess[str]:
+    """``specscope check-tokenizers ARGS``: in this process (its ``main``, output captured), or with ``process`` as
+    the console script runs it (a new interpreter: ~5 s of imports)."""
+    if process:
+        return subprocess.run([sys.executable, "-m", "specscope.cli", "check-tokenizers", *args],
+                              capture_output=True, text=True, timeout=120)
+    from specscope.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(["check-tokenizers", *args])
+        except SystemExit as exc:  # argparse: --help, usage errors
+            code = int(exc.code or 0)
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
 def test_identical(tiny: dict[str, Path]) -> None:
     report = compare(str(tiny["target"]), str(tiny["copy"]))
     assert report.verdict == "identical" and report.reasons == [] and report.probes_identical == 1.0
-    r = cli(str(tiny["target"]), str(tiny["copy"]))
+    r = cli(str(tiny["target"]), str(tiny["copy"]), process=True)
     assert r.returncode == 0 and r.stdout.startswith("verdict: IDENTICAL")
 
 
@@ -110,7 +124,7 @@ def test_padded_vocabulary_is_judged_by_the_configured_size(tiny: dict[str, Path
 
 @pytest.mark.parametrize("args", [("/no/such/dir", "/no/such/draft"), ("only-one",)])
 def test_bad_input_is_one_line_and_exit_2(tiny: dict[str, Path], args: Any) -> None:
-    r = cli(*args)
+    r = cli(*args, process=True)  # what a user sees: no traceback
     assert r.returncode == 2
     assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("specscope: error:")
 
