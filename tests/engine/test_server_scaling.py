@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import stat
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -30,8 +32,10 @@ def scaled(tiny: Any, engines: Any, tmp_path_factory: Any) -> Iterator[tuple[str
     engines.close()
     port, prom = free_port(), free_port()
     root = tmp_path_factory.mktemp("scaled")
-    env = {**os.environ, "VLLM_PLUGINS": "specscope", "SPECSCOPE_PROMETHEUS_PORT": str(prom),
-           "SPECSCOPE_SHARE_DIR": str(root / "share")}
+    # No SPECSCOPE_SHARE_DIR: the share directory is named by vllm serve (specscope's general plugin) and
+    # inherited by its API-server processes, as in production; none a test process named may leak in.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECSCOPE_")} | {
+        "VLLM_PLUGINS": "specscope", "SPECSCOPE_PROMETHEUS_PORT": str(prom)}
     cmd = server_command(str(tiny["target"]), spec_config(tiny, "noise2"), port, "--data-parallel-size", "2")
     proc = start_server(cmd, env, root / "server.log")
     try:
@@ -93,8 +97,13 @@ def test_each_engine_equals_vllms_own_counters(scaled: tuple[str, int, Path], tm
     assert ours == {i: v["vllm:spec_decode_num_draft_tokens_total"] for i, v in vllm.items()}
     duration = exported_name("gen_ai.server.request.duration")
     assert sum(s.value for s in samples if s.name == f"{duration}_count") == len(ids)
-    # What sharing cannot do is said once, by one process.
-    assert log_path.read_text().count("2 API-server processes share their numbers") == 1
+    # What sharing cannot do is said once, by one process, through the directory vllm serve named: private, and
+    # under a name nobody could have guessed.
+    log = log_path.read_text()
+    assert log.count("2 API-server processes share their numbers") == 1
+    share = Path(re.search(r"share their numbers through (\S+?);", log).group(1))  # type: ignore[union-attr]
+    assert re.fullmatch(rf"specscope-{os.geteuid()}-[0-9a-f]{{32}}", share.name), share
+    assert share.is_dir() and stat.S_IMODE(share.stat().st_mode) == 0o700
     # The unmodified-vLLM source reads the engines apart, and averages their KV usage instead of adding it.
     from specscope.collectors.scrape import vllm_source
 
