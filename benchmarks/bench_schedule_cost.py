@@ -41,7 +41,7 @@ TOKENS = 96
 WINDOW_S = 5.0
 PROMPTS = tiny_models.prompts(64, seed=33)
 ENGINE: dict[str, Any] = {"enforce_eager": True, "dtype": "float32", "max_model_len": 1024, "seed": 0,
-                          "enable_prefix_caching": False, "max_num_seqs": 16, "disable_log_stats": False}
+                          "enable_prefix_caching": False, "max_num_seqs": 16}
 
 
 def configs(draft: str) -> dict[str, dict[str, Any]]:
@@ -57,25 +57,22 @@ def configs(draft: str) -> dict[str, dict[str, Any]]:
 
 
 def drafted(llm: Any) -> tuple[float, float]:
-    """vLLM's lifetime (draft tokens, drafts)."""
-    tokens = drafts = 0.0
-    for m in llm.get_metrics():
-        if m.name == "vllm:spec_decode_num_draft_tokens":
-            tokens += m.value
-        elif m.name == "vllm:spec_decode_num_drafts":
-            drafts += m.value
-    return tokens, drafts
+    """The engine's lifetime (draft tokens, drafts), from its own hub (vLLM's in-process Prometheus registry holds
+    the last engine's counters only)."""
+    spec = llm.snapshot().lifetime.spec
+    return (spec.draft_tokens, spec.drafts) if spec is not None else (0.0, 0.0)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    from vllm import LLM
+    import specscope
 
     models = tiny_models.build()
     t0 = time.monotonic()
-    engines = {name: LLM(str(models["deep01-target"]), speculative_config=cfg, **ENGINE)
+    engines = {name: specscope.LLM(str(models["deep01-target"]), specscope_hub=specscope.Hub(),
+                                   speculative_config=cfg, **ENGINE)
                for name, cfg in configs(str(models["deep01-draft"])).items()}
     names = list(engines)
     tok_s: dict[int, dict[str, list[float]]] = {b: {n: [] for n in names} for b in K_AT}
