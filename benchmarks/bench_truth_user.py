@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from benchmarks._common import RESULTS, write
-from specscope import tiny_models
+from specscope import intervals, tiny_models
 from specscope.measure import measure_step_times, steady_throughput
 from specscope.tiny_models.models import llama_config
 
@@ -118,8 +118,11 @@ def run_pair(name: str, target: Path, draft: Path, length: int, samples: tuple[l
         steady_throughput(spec, b, WINDOW_S, samples[0], TOKENS)
     snap = spec.snapshot()
     estimates = {b: estimate(snap, batch_size=b) for b in BATCHES}
+    predicting_tokens = _tokens_per_step(snap.lifetime.step_times)
     shutdown(spec)
     measured: dict[int, dict[int, float]] = {}
+    serving = plain.snapshot().lifetime.step_times
+    measuring_tokens: dict[int, float | None] = {}
     for k in KS:
         spec = engine(target, length, draft, k)
         measured[k] = {}
@@ -134,9 +137,12 @@ def run_pair(name: str, target: Path, draft: Path, length: int, samples: tuple[l
                     s = steady_throughput(spec, b, WINDOW_S, samples[1], TOKENS)
                 ratios.append(s / p)
             measured[k][b] = statistics.median(ratios)
+        if k == RUNNING_K:
+            measuring_tokens = _tokens_per_step(spec.snapshot().lifetime.step_times)
         shutdown(spec)
         print(f"{name} K={k}: measured " + ", ".join(f"batch {b} {measured[k][b]:.2f}x" for b in BATCHES),
               flush=True)
+    serving = intervals.since(plain.snapshot().lifetime.step_times, serving)
     shutdown(plain)
     cells: list[dict[str, Any]] = []
     for k in KS:
@@ -160,7 +166,24 @@ def run_pair(name: str, target: Path, draft: Path, length: int, samples: tuple[l
             "interval_basis": {b: None if e is None else e.interval_basis for b, e in estimates.items()},
             "baseline": [{"batch": t.batch_size, "ms": round(1e3 * t.mean_s, 2), "context": round(t.context, 1),
                           "us_per_context_token": round(1e6 * t.context_slope, 2), "spread": round(t.spread, 3)}
-                         for t in baseline.times]}
+                         for t in baseline.times],
+            # Where a wrong prediction comes from: the plain engine's own steps while it served sample B beside
+            # the calibration's, and the running K's tokens a request gained per step on sample A (predicting)
+            # and on sample B (measuring).
+            "plain_serving_ms": {b: round(1e3 * t.mean_s, 2) for b in BATCHES
+                                 if (t := serving.get(b)) is not None},
+            "plain_serving_context": {b: round(t.context, 1) for b in BATCHES if (t := serving.get(b)) is not None},
+            "tokens_per_step": {"sample_a": predicting_tokens, "sample_b": measuring_tokens}}
+
+
+def _tokens_per_step(times: Any) -> dict[int, float | None]:
+    """Tokens a request gained per decode step at each batch size of the benchmark."""
+    out: dict[int, float | None] = {}
+    for b in BATCHES:
+        t = times.get(b)
+        x = None if t is None else t.tokens_per_request_step
+        out[b] = None if x is None else round(x, 3)
+    return out
 
 
 def summarize(results: dict[str, Any]) -> dict[str, Any]:
