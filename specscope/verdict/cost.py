@@ -3,6 +3,7 @@ modelled for model-free methods, or estimated from the configs."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from specscope.model import (
@@ -108,14 +109,21 @@ def verify_share(base: StepProfile, batch_size: int, context: float | None = Non
     model (:func:`verify_cost`) on the baseline's plain steps, which verify one token a request, T(b) = T0 + β·b
     fitted over its batch sizes at ``context``: β·b / T(b). None with fewer than two batch sizes calibrated."""
     rows = sorted({t.batch_size for t in base.times if t.steps >= MIN_STEPS})
-    points = [(b, t) for b in rows if (t := base.at(b, MIN_STEPS, context))]
+    points = [(float(b), t) for b in rows if (t := base.at(b, MIN_STEPS, context))]
     t_b = base.at(batch_size, MIN_STEPS, context)
     if len(points) < 2 or not t_b:
         return None
-    n = len(points)
-    mx, my = sum(b for b, _ in points) / n, sum(t for _, t in points) / n
-    beta = (sum((b - mx) * (t - my) for b, t in points) / sum((b - mx) ** 2 for b, _ in points))
+    _, beta = _line(points)
     return max(0.0, beta) * batch_size / t_b
+
+
+def _line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """The least-squares line through ``points`` (x, y): (intercept, slope); slope 0 where every x is the same."""
+    n = len(points)
+    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    beta = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else 0.0
+    return my - beta * mx, beta
 
 
 def _priced_at(base: StepProfile, batch_size: int, context: float | None) -> str:
@@ -147,12 +155,8 @@ def verify_cost(snap: Snapshot, batch_size: int) -> CostRatio:
     request_steps = sum(t.steps * t.batch_size for t in times)
     per_request = 1.0 + (spec.draft_tokens / request_steps if spec is not None and request_steps else k)
     if len(times) >= 2:
-        xs = [t.batch_size * per_request for t in times]
-        ys = [t.mean_s for t in times]
-        n, mx, my = len(xs), sum(xs) / len(xs), sum(ys) / len(ys)
-        sxx = sum((x - mx) ** 2 for x in xs)
-        beta = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
-        t0 = my - beta * mx
+        n = len(times)
+        t0, beta = _line([(t.batch_size * per_request, t.mean_s) for t in times])
         if beta > 0 and t0 > 0:
             c = beta * batch_size / (t0 + beta * batch_size)
             return CostRatio(c, f"verify model: live step times fitted over {n} batch sizes "
