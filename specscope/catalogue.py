@@ -20,7 +20,7 @@ from typing import Any, Literal
 from specscope import model
 from specscope.memory import draft_kv_cost
 from specscope.model import TOKENIZER_VERDICTS, EngineInfo, Histogram, RequestRecord, Snapshot, TrafficClass
-from specscope.verdict import estimate
+from specscope.verdict import estimate, traffic_speedup
 
 Kind = Literal["counter", "gauge", "updowncounter", "histogram"]
 Attrs = dict[str, str]
@@ -127,6 +127,16 @@ def _interval_end(snap: Snapshot, end: int) -> float | None:
     est = estimate(snap)
     iv = est.interval if est is not None else None
     return None if iv is None else iv[end]
+
+
+def _traffic(snap: Snapshot, part: int) -> float | None:
+    """The traffic speedup (``part`` 0), its interval's bottom (1) or top (2)."""
+    t = traffic_speedup(snap)
+    if t is None:
+        return None
+    if part == 0:
+        return t.speedup
+    return None if t.interval is None else t.interval[part - 1]
 
 
 def _one(value: Callable[[Snapshot], float | int | None]) -> Reader:
@@ -290,6 +300,16 @@ METRICS: tuple[Metric, ...] = (
            "Top of the expected speedup's 90% interval; under 1, speculation loses with confidence; absent where "
            "too few requests carry speculative numbers.",
            _one(lambda s: _interval_end(s, 1))),
+    Metric("specscope.spec_decode.traffic_speedup", "gauge", "1",
+           "Speedup of the window's traffic as the engine ran it: each batch size's expected speedup weighted by the "
+           "step time spent there; absent without a baseline.",
+           _one(lambda s: _traffic(s, 0))),
+    Metric("specscope.spec_decode.traffic_speedup_low", "gauge", "1",
+           "Bottom of the traffic speedup's interval (the batch sizes' 90% intervals weighted alike).",
+           _one(lambda s: _traffic(s, 1))),
+    Metric("specscope.spec_decode.traffic_speedup_high", "gauge", "1",
+           "Top of the traffic speedup's interval; under 1, this traffic runs slower with speculation.",
+           _one(lambda s: _traffic(s, 2))),
     Metric("specscope.spec_decode.recommended_k", "gauge", "{token}",
            "The number of speculative tokens to run: the one that maximises the expected speedup, or the running "
            "one where that is within the noise; 0: remove speculative_config (a K = 0 range in vLLM's schedule "

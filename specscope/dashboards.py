@@ -147,8 +147,11 @@ def build() -> Dashboard:
     d.with_panel(_series("Per-request acceptance rate (p10, p50)",
                          [(f"histogram_quantile({q}, sum by (le) ({acceptance_buckets}))", f"p{int(q * 100)}")
                           for q in (0.1, 0.5)], "percentunit"))
-    d.with_panel(_series("Expected speedup and recommended K",
-                         [(_p("specscope.spec_decode.expected_speedup") + _SEL, "expected speedup, engine {{engine}}"),
+    d.with_panel(_series("Speedup (this traffic, operating batch) and recommended K",
+                         [(_p("specscope.spec_decode.traffic_speedup") + _SEL, "this traffic, engine {{engine}}"),
+                          (_p("specscope.spec_decode.traffic_speedup_low") + _SEL, "its low end, engine {{engine}}"),
+                          (_p("specscope.spec_decode.expected_speedup") + _SEL,
+                           "at the operating batch, engine {{engine}}"),
                           (_p("specscope.spec_decode.recommended_k") + _SEL, "recommended K, engine {{engine}}")],
                          "none", threshold=1.0, width=24))
 

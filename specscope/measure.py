@@ -3,9 +3,11 @@ writes) and its output tokens/s with the batch held full (what the verdict's spe
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from specscope.collectors.vllm_engine import traffic_class
@@ -90,13 +92,43 @@ def _contrast(llm: Any, reference: Sequence[Any], tokens: int, batch: int) -> li
     return [{"prompt_token_ids": tokenizer.encode(f"{i}:", add_special_tokens=False)[:4] + body} for i in range(64)]
 
 
+@dataclass
+class PromptOrder:
+    """Which prompt a window runs next when windows must cover a whole prompt file: a seeded shuffle of it, walked
+    on from one window to the next (:meth:`next_window`), every engine of a window starting at the same place, and
+    the prompts actually run (:attr:`ran`). Without it each window starts again at the file's first prompt."""
+
+    size: int
+    seed: int = 0
+    #: Where the current window starts in the shuffled order.
+    start: int = 0
+    #: How far the window's furthest engine got.
+    reach: int = 0
+    #: Indexes into the prompt list of every prompt run so far.
+    ran: set[int] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self._order = random.Random(self.seed).sample(range(self.size), self.size)
+
+    def take(self, j: int) -> int:
+        """The prompt index of the window's ``j``-th request."""
+        i = self._order[(self.start + j) % self.size]
+        self.reach = max(self.reach, j + 1)
+        self.ran.add(i)
+        return i
+
+    def next_window(self) -> None:
+        """Walk on past what the window's engines ran: the next window starts with prompts not yet run."""
+        self.start, self.reach = (self.start + self.reach) % self.size, 0
+
+
 def steady_throughput(llm: Any, batch: int, seconds: float, prompts: Sequence[Any], tokens: int | Sequence[int] = 96,
-                      traffic_classes: Sequence[str | None] | None = None) -> float:
+                      traffic_classes: Sequence[str | None] | None = None, order: PromptOrder | None = None) -> float:
     """Output tokens per second with ``batch`` greedy requests in flight for ``seconds``, each finished request
-    replaced by the next of ``prompts`` (in order), as a serving engine with a queue keeps its batch full; the
-    requests in flight at the end are aborted. This is the throughput "at batch b" that specscope's verdict is
-    about: a fixed batch that drains ends on partial batches, and only under speculation (its requests finish at
-    different steps, plain greedy ones together), which would weigh on speculation unfairly.
+    replaced by the next of ``prompts`` (in order, or in ``order``), as a serving engine with a queue keeps its batch
+    full; the requests in flight at the end are aborted. This is the throughput "at batch b" that specscope's
+    verdict is about: a fixed batch that drains ends on partial batches, and only under speculation (its requests
+    finish at different steps, plain greedy ones together), which would weigh on speculation unfairly.
 
     A prompt is text or a vLLM prompt (``{"prompt_token_ids": [...]}``); ``tokens`` is every request's output
     length (EOS ignored), or each prompt's; ``traffic_classes``, where given, is each prompt's traffic class.
@@ -111,7 +143,7 @@ def steady_throughput(llm: Any, batch: int, seconds: float, prompts: Sequence[An
 
     def add() -> None:
         nonlocal added
-        i = added % len(prompts)
+        i = order.take(added) if order is not None else added % len(prompts)
         n = tokens if isinstance(tokens, int) else tokens[i]
         if n not in params:
             params[n] = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True,

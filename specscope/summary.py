@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specscope.model import RequestRecord, Snapshot, Totals
-from specscope.verdict import by_batch_line, by_batch_size, estimate, schedule_text
+from specscope.verdict import by_batch_line, by_batch_size, estimate, schedule_text, traffic_speedup
 
 
 def _num(v: float | None, fmt: str = ".2f", none: str = "n/a") -> str:
@@ -48,6 +48,9 @@ def summary(snap: Snapshot) -> str:
     w = snap.window.spec
     if w is not None and w.drafts:
         lines.append("per-pos  " + "  ".join(f"{i}:{percent(r)}" for i, r in enumerate(w.per_position)))
+    traffic = traffic_speedup(snap)
+    if traffic is not None:  # the answer first: the window's traffic as the engine ran it
+        lines.append(f"traffic  {traffic.explain()}")
     est = estimate(snap)
     if est is not None:
         lines.append(f"speedup  {est.explain()}")

@@ -336,6 +336,22 @@ def synthetic(partial: bool = False) -> Evaluation:
                       partial=partial, note="interrupted (Ctrl-C)" if partial else None, seconds=90)
 
 
+def test_windows_walk_the_whole_file_and_engines_of_a_window_run_the_same_prompts() -> None:
+    """Issue 26.9: each window starts where the furthest engine of the last one stopped, in one seeded order."""
+    from specscope.measure import PromptOrder
+
+    order = PromptOrder(10, seed=3)
+    first_plain = [order.take(j) for j in range(3)]  # the slower engine of the window
+    first_spec = [order.take(j) for j in range(5)]  # the faster one reaches further on the same stretch
+    assert first_spec[:3] == first_plain and len(set(first_spec)) == 5
+    order.next_window()
+    second = [order.take(j) for j in range(5)]
+    assert set(second).isdisjoint(first_spec) and order.ran == set(range(10))  # the whole file, no repeats
+    order.next_window()
+    assert order.take(0) == first_spec[0]  # round the file again, in the same order
+    assert PromptOrder(10, seed=3).take(0) == first_spec[0]  # seeded: every run alike
+
+
 def test_json_and_text_of_an_evaluation() -> None:
     ev = synthetic()
     doc = json.loads(json.dumps(render.to_dict(ev)))
@@ -354,6 +370,9 @@ def test_json_and_text_of_an_evaluation() -> None:
     assert ngram["draft_kv_cost"] is None and ngram["tokenizer"] is None
     text = render.render_text(ev)
     assert "1. /m/good-draft" in text and "run without speculation" in text and "by class chat 75%" in text
+    assert "no window ran" in text  # the synthetic evaluation ran none
+    ev.prompts.update(ran=30, classes_ran={"chat": 18, "code": 12})
+    assert "30 distinct prompts run (chat 18, code 12)" in render.render_text(ev)
     assert '"num_speculative_tokens_per_batch_size": [[1, 4, 4], [5, 256, 2]]' in text
     assert "acceptance 60% (by position 80% 60%; by class chat 75% (4 requests), code 40% (3 requests))" in text
 
@@ -410,3 +429,22 @@ def test_an_interrupt_writes_what_was_measured_marked_partial(tmp_path: Path, ca
     assert doc["prompts"]["classes"] == {"x": 1, "(prompt-length bucket)": 1}
     assert doc["candidates"][0]["by_k"]["2"]["batch"]["1"]["speedup"] == 1.5
     assert "PARTIAL" in (tmp_path / "r.html").read_text() and "PARTIAL" in out
+
+
+def test_on_a_gpu_the_two_engines_split_its_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26.10: the plain target stays loaded while each candidate starts beside it; on a GPU each gets
+    GPU_SHARE of it unless the user set gpu_memory_utilization; on this CPU nothing changes."""
+    import vllm.platforms
+
+    from specscope.evaluate.runner import GPU_SHARE, gpu_memory_split
+
+    assert gpu_memory_split({}) is None  # the real platform here: a CPU
+
+    class Cuda:
+        @staticmethod
+        def is_cpu() -> bool:
+            return False
+
+    monkeypatch.setattr(vllm.platforms, "current_platform", Cuda())
+    assert gpu_memory_split({}) == GPU_SHARE and 2 * GPU_SHARE < 0.92
+    assert gpu_memory_split({"gpu_memory_utilization": 0.3}) is None

@@ -96,9 +96,10 @@ def test_every_catalogue_metric_and_every_request_span_arrives(receiver: Any) ->
             sent = {tuple(sorted(attrs(dp.attributes).items())): dp.as_double or dp.as_int for dp in dps}
             want = {tuple(sorted(a.items())): v for a, v in samples}
             assert sent == pytest.approx(want), m.name
-    # Every metric but four was sent and checked: the allocator (no CUDA in this process), errors (none) and the
-    # expected speedup's interval (two requests are fewer than it is drawn from).
-    assert checked == len(catalogue.METRICS) - 4
+    # Every metric but seven was sent and checked: the allocator (no CUDA in this process), errors (none), the
+    # expected speedup's interval (two requests are fewer than it is drawn from) and the traffic speedup with its
+    # interval (no baseline: nothing measured to weigh).
+    assert checked == len(catalogue.METRICS) - 7
     assert resource["service.name"] == "svc"
     assert resource["specscope.model"] == "tgt" and resource["specscope.draft_model"] == "drf"
     assert resource["gen_ai.provider.name"] == "vllm" and resource["host.name"]

@@ -29,8 +29,10 @@ from specscope.verdict import (
     save_profile,
     schedule_config,
     schedule_text,
+    traffic_speedup,
     verify_cost,
 )
+from specscope.verdict.traffic import TrafficSpeedup
 
 SETUP = EngineSetup(model="/m/target", architecture="LlamaForCausalLM layers=12", dtype="float32", device="cpu",
                     engine_version="0.32.0", max_num_seqs=16)
@@ -199,6 +201,42 @@ def speculative_hub(clock: Clock, accepted: int = 3) -> Hub:
     steps(hub, clock, 1, 0.008, 30, accepted=accepted, prefill_s=0.004)
     steps(hub, clock, 16, 0.030, 30, accepted=accepted, prefill_s=0.064)
     return hub
+
+
+def test_the_traffic_answer_weighs_each_batch_size_by_the_time_spent_there(tmp_path: Path) -> None:
+    """Issue 26.7: "does it pay for my traffic?" Batch 1 pays, batch 16 loses; the answer is each batch size's
+    speedup weighted by the window's step time there (decode and prefill), shown first in the summary."""
+    from specscope.summary import summary
+
+    clock = Clock()
+    hub = Hub(clock=clock, window_s=3600)
+    hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model", setup=SETUP))
+    hub.cost_ratio = CostRatio(1.0, "estimated from parameters per token", 100, 100)
+    assert traffic_speedup(hub.snapshot()) is None  # nothing ran: absent, not 1.0
+    steps(hub, clock, 1, 0.008, 90, accepted=3, prefill_s=0.004)
+    steps(hub, clock, 16, 0.030, 30, accepted=3, prefill_s=0.064)
+    assert traffic_speedup(hub.snapshot()) is None  # no baseline: no measured speedup to weigh
+    with_baseline(hub, tmp_path)
+    snap = hub.snapshot()
+    one, sixteen = estimate(snap, batch_size=1), estimate(snap, batch_size=16)
+    assert one is not None and sixteen is not None and one.pays and not sixteen.pays
+    t = traffic_speedup(snap)
+    assert t is not None and t.coverage == pytest.approx(1.0)
+    w1, w16 = 90 * 0.008 + 0.004, 30 * 0.030 + 0.064
+    assert t.speedup == pytest.approx((w1 * one.expected_speedup + w16 * sixteen.expected_speedup) / (w1 + w16))
+    assert [(b, round(share, 3)) for b, share, _ in t.shares] == [(16, round(w16 / (w1 + w16), 3)),
+                                                                  (1, round(w1 / (w1 + w16), 3))]
+    text = summary(snap)
+    assert text.index("traffic  for this traffic") < text.index("speedup  ")  # the answer comes first
+    from specscope.catalogue import BY_NAME
+
+    assert [v for _, v in BY_NAME["specscope.spec_decode.traffic_speedup"].read(snap)] == [t.speedup]
+    # The call says when the interval cannot tell: a lean within the noise is not "pays".
+    assert TrafficSpeedup(1.04, (0.97, 1.11), ((1, 1.0, 1.04),), 1.0).call == \
+        "pays within the noise (interval spans 1.0x)"
+    assert TrafficSpeedup(0.9, (0.85, 0.95), ((8, 0.6, 0.8), (1, 0.4, 1.05)), 0.8).explain() == \
+        "for this traffic 0.90x [0.85-0.95]: does NOT pay (time at batch 8 60% 0.80x, 1 40% 1.05x; covers 80% of " \
+        "the window's step time)"
 
 
 def test_a_baseline_slower_than_the_speculative_steps_is_not_taken_as_free_speculation() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from specscope.evaluate.render import render_html, render_text, to_dict
 from specscope.evaluate.results import Candidate, Evaluation
-from specscope.evaluate.runner import EngineStopped, Runner
+from specscope.evaluate.runner import EngineStopped, Runner, gpu_memory_split
 from specscope.evaluate.workload import InputError, load_prompts, prepare
 from specscope.figures import matplotlib_missing
 
@@ -103,6 +103,11 @@ def main(args: argparse.Namespace, engine_kw: dict[str, Any]) -> int:
         return fail("every draft's tokenizer mismatches the target's (see check-tokenizers); --force measures them")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # keep the progress lines readable
     engine_kw = {"enable_prefix_caching": False, **engine_kw}  # every round repeats the prompts
+    if (share := gpu_memory_split(engine_kw)) is not None:
+        engine_kw["gpu_memory_utilization"] = share
+        print(f"specscope evaluate: two engines share the GPU (the target without speculation, one candidate): "
+              f"gpu_memory_utilization {share} each (--engine-arg gpu_memory_utilization=X sets another)",
+              file=sys.stderr)
     settings = {"k": ks, "batch_sizes": sizes, "rounds": args.rounds, "window_s": args.window_s,
                 "max_tokens": args.max_tokens, "engine_args": engine_kw, "prompts_file": args.prompts,
                 "data_parallel_size": args.data_parallel_size}
@@ -147,6 +152,10 @@ def main(args: argparse.Namespace, engine_kw: dict[str, Any]) -> int:
         print(f"specscope evaluate: {exc}; writing what was measured", file=sys.stderr)
     finally:
         runner.close()
+    if runner.ran:  # what the windows reached, which is what was measured
+        ran = [work.classes[i] or "(prompt-length bucket)" for i in sorted(runner.ran)]
+        ev.prompts["ran"] = len(ran)
+        ev.prompts["classes_ran"] = {name: ran.count(name) for name in ev.prompts["classes"]}
     ev.seconds = time.monotonic() - t0
     return _write(ev, args) or code
 

@@ -95,6 +95,14 @@ def _pct(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.0%}"
 
 
+def _ran_text(p: dict[str, Any]) -> str:
+    """How many distinct prompts the windows ran, and of which classes: what the numbers are about."""
+    if "ran" not in p:
+        return "no window ran"
+    return (f"{p['ran']} distinct prompts run (" + ", ".join(f"{k} {v}" for k, v in p["classes_ran"].items())
+            + ")")
+
+
 def render_text(ev: Evaluation) -> str:
     """The evaluation for a terminal."""
     s, p = ev.settings, ev.prompts
@@ -104,7 +112,7 @@ def render_text(ev: Evaluation) -> str:
              + (" — PARTIAL: " + (ev.note or "interrupted") if ev.partial else ""),
              f"prompts: {p.get('used', 0)} used; {p.get('skipped_long', 0)} skipped (prompt + max_tokens longer "
              f"than max_model_len {p.get('max_model_len', '?')}); classes "
-             + ", ".join(f"{k} {v}" for k, v in p.get("classes", {}).items()),
+             + ", ".join(f"{k} {v}" for k, v in p.get("classes", {}).items()) + "; " + _ran_text(p),
              f"ranking: {RANKING_RULE}"]
     if s.get("data_parallel_size", 1) > 1:
         lines.append(f"data parallel size {s['data_parallel_size']}: vLLM drops a per-batch-size schedule there, so "
@@ -230,7 +238,7 @@ def render_html(ev: Evaluation) -> str:
                f"{s['rounds']} round(s) of {s['window_s']:g} s windows, plain and speculative alternating; "
                f"{p.get('used', 0)} prompts ({p.get('skipped_long', 0)} longer than max_model_len "
                f"{p.get('max_model_len', '?')} skipped); classes "
-               + html.escape(", ".join(f"{k} {v}" for k, v in p.get("classes", {}).items()))
+               + html.escape(", ".join(f"{k} {v}" for k, v in p.get("classes", {}).items()) + "; " + _ran_text(p))
                + f"; took {ev.seconds / 60:.1f} min</p>")
     ranked = rank(ev.candidates, sizes)
     out.append("<h2>Ranking</h2>" + f"<p>By {html.escape(RANKING_RULE)}.</p><div class='rank'>" + html_table(

@@ -13,6 +13,19 @@ from specscope.evaluate.choose import choose_schedule
 from specscope.evaluate.results import Candidate, Cell, Evaluation, KRun
 from specscope.evaluate.workload import Workload
 
+#: Each engine's share of a GPU's memory (vLLM's ``gpu_memory_utilization``, a per-engine budget) where the plain
+#: target and a candidate run side by side on it: vLLM's default 0.92 for the first leaves the second no room.
+GPU_SHARE = 0.45
+
+
+def gpu_memory_split(engine_kw: dict[str, Any]) -> float | None:
+    """The ``gpu_memory_utilization`` to give each engine: :data:`GPU_SHARE` on a GPU unless set, else None."""
+    if "gpu_memory_utilization" in engine_kw:
+        return None
+    from vllm.platforms import current_platform
+
+    return None if current_platform.is_cpu() else GPU_SHARE
+
 
 class EngineStopped(RuntimeError):
     """The target without speculation stopped: nothing more can be measured (exit code 1, partial results)."""
@@ -42,6 +55,8 @@ class Runner:
         #: Seconds an engine start, a window and a calibration took (for the time left).
         self.took: dict[str, list[float]] = {"start": [], "window": [], "calibration": []}
         self.todo: dict[str, int] = {"start": 0, "window": 0, "calibration": 0}
+        #: Indexes of the workload's prompts that some window ran.
+        self.ran: set[int] = set()
 
     def start_plain(self) -> tuple[Any, int, int]:
         """Start the target without speculation: its tokenizer, max_model_len and max_num_seqs."""
@@ -136,11 +151,14 @@ class Runner:
         """Rounds of plain and speculative throughput at each batch size (which goes first alternating); returns
         the hub that recorded the speculative engine's measured runs."""
         import specscope
-        from specscope.measure import steady_throughput
+        from specscope.measure import PromptOrder, steady_throughput
 
         self._warm(spec, work, sizes)
         hub = specscope.Hub(window_s=3600, max_requests=100_000)
         specscope.instrument(spec, hub)
+        # Every run walks the same seeded order through the whole file, window after window, plain and speculative
+        # on the same stretch of it: a file of one class after another is measured on all of them, every run alike.
+        order = PromptOrder(len(work.prompts))
         for r in range(self.rounds):
             for i, b in enumerate(sizes):
                 cell = cells.setdefault(b, Cell())
@@ -148,8 +166,10 @@ class Runner:
                 for name in (("plain", "spec") if (r + i) % 2 == 0 else ("spec", "plain")):
                     t0 = time.monotonic()
                     tok_s[name] = steady_throughput(self.plain if name == "plain" else spec, b, self.window_s,
-                                                    work.prompts, work.max_tokens, work.classes)
+                                                    work.prompts, work.max_tokens, work.classes, order)
                     self._done("window", time.monotonic() - t0)
+                order.next_window()
+                self.ran |= order.ran
                 cell.plain.append(tok_s["plain"])
                 cell.spec.append(tok_s["spec"])
                 self.progress(f"{label} batch {b} round {r + 1}/{self.rounds}: {tok_s['spec'] / tok_s['plain']:.2f}x "

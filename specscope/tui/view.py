@@ -16,7 +16,15 @@ from specscope.fleet import Target
 from specscope.memory import draft_kv_cost
 from specscope.model import RequestRecord, Snapshot, TrafficClass
 from specscope.summary import part_line, percent
-from specscope.verdict import by_batch_line, by_batch_size, class_speedup, config_text, estimate, recommended_config
+from specscope.verdict import (
+    by_batch_line,
+    by_batch_size,
+    class_speedup,
+    config_text,
+    estimate,
+    recommended_config,
+    traffic_speedup,
+)
 
 BAR = 20
 
@@ -146,6 +154,14 @@ def spec_panel(snap: Snapshot | None, threshold: float, history: list[float] | N
     else:
         for i, r in enumerate(w.per_position):
             t.append(f"pos {i} {_bar(r, 12)} {percent(r)}\n")
+    traffic = traffic_speedup(snap)
+    if traffic is not None:  # the answer first: the window's traffic as the engine ran it
+        t.append(f"this traffic {traffic.speedup:.2f}x", style="bold green" if traffic.call == "pays"
+                 else "bold red" if traffic.call == "does NOT pay" else "bold yellow")
+        if (iv := traffic.interval) is not None:
+            t.append(f" ({iv[0]:.2f}-{iv[1]:.2f})")
+        t.append(f" {traffic.call}" + ("" if compact else "; time at batch " + ", ".join(
+            f"{b} {share:.0%}" for b, share, _ in traffic.shares[:3])) + "\n")
     est = estimate(snap)
     if est is None:
         if _unavailable(snap, "cost_ratio"):

@@ -1,6 +1,7 @@
 """The verdict: does speculation pay, and at which K? The expected speedup by batch size, from what the engine
-measured. ``cost`` (c), ``estimate`` (the speedup at a batch size and K), ``schedule`` (the K table and vLLM's
-schedule) and ``baseline`` (step times without speculation); memory findings are in :mod:`specscope.memory`.
+measured. ``cost`` (c), ``estimate`` (the speedup at a batch size and K), ``traffic`` (those weighted by where the
+engine spent its time), ``schedule`` (the K table and vLLM's schedule) and ``baseline`` (step times without
+speculation); memory findings are in :mod:`specscope.memory`.
 
 At the running K and batch size b the decode speedup is observed, not modelled: tokens a request gains per decode
 step (measured) × the step time without speculation / the step time with it. The second comes from the live
@@ -58,11 +59,13 @@ from specscope.verdict.speedup import (
     estimate,
     k0_decode,
 )
+from specscope.verdict.traffic import TrafficSpeedup, traffic_speedup
 
 __all__ = [
     "ASSUMED_VERIFY_COST", "LOSSY_CAVEAT", "MIN_STEPS", "MIN_TABLE_STEPS", "Baseline", "KChoice", "SpeedupEstimate",
+    "TrafficSpeedup",
     "baseline_problem", "by_batch_line", "by_batch_size", "class_speedup", "config_text", "cost_ratio_from_sizes",
     "estimate", "k0_decode", "k_ranges", "k_schedule", "k_table", "load_profile", "measured_cost", "merge_profiles",
-    "monotone_between", "recommended_config", "save_profile", "schedule_config", "schedule_text", "usable_baseline",
-    "verify_cost", "with_baseline",
+    "monotone_between", "recommended_config", "save_profile", "schedule_config", "schedule_text", "traffic_speedup",
+    "usable_baseline", "verify_cost", "with_baseline",
 ]

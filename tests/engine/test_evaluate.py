@@ -42,6 +42,10 @@ def test_evaluate_ranks_the_good_draft_first_and_tells_the_weak_one_to_run_witho
     doc = json.loads((tmp_path / "r.json").read_text())
     assert not doc["partial"] and doc["prompts"]["used"] == 24 and doc["prompts"]["skipped_long"] == 1
     assert doc["prompts"]["classes"] == {"prose": 12, "chat": 12}
+    # The windows walked through the file: every class was run, and the report says how much of the file was.
+    ran = doc["prompts"]["classes_ran"]
+    assert ran["prose"] > 0 and ran["chat"] > 0 and doc["prompts"]["ran"] == sum(ran.values()) <= 24
+    assert f"{doc['prompts']['ran']} distinct prompts run" in r.stdout
     cands = {c["name"]: c for c in doc["candidates"]}
     assert doc["ranking"][0] == good and set(doc["ranking"]) == {good, weak, head, "ngram"}
     # The EAGLE-3 head pays too: second after the layer-0 draft (which accepts more at the same cost), above n-gram.

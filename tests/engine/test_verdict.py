@@ -112,9 +112,12 @@ def test_the_paying_pair_is_predicted_and_measured_to_pay_at_batch_1(tiny: dict[
         assert {b: next(k for lo, hi, k in schedule if lo <= b <= hi) for b in best} == best
         config = schedule_config(schedule)
         assert config is not None and config["num_speculative_tokens"] == max(k for _, _, k in schedule)
-        from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
+        if len(best_ks := {k for _, _, k in schedule}) == 1:  # one K throughout is the plain static setting
+            assert config == {"num_speculative_tokens": best_ks.pop()}
+        else:
+            from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
 
-        validate_and_normalize_dynamic_sd_schedule(config["num_speculative_tokens_per_batch_size"])
+            validate_and_normalize_dynamic_sd_schedule(config["num_speculative_tokens_per_batch_size"])
         # The wrapper took acceptance by output position from vLLM's detailed per-request metrics.
         pos = snap.acceptance_by_output_position
         assert pos is not None and sum(pos.draft_tokens) == snap.lifetime.spec.draft_tokens  # type: ignore[union-attr]
@@ -190,7 +193,7 @@ def test_the_recommended_schedule_followed_as_vllm_takes_it_measures_what_was_pr
             rounds = ratios["followed"][b]
             if min(rounds) > 1.0 or max(rounds) < 1.0:  # every round on one side of 1.0: the call must agree
                 assert (c.speedup >= 1.0) == (min(rounds) > 1.0), (b, rounds, c)
-            assert zero_x < 0.95 and zero_x == pytest.approx(c.k0_speedup, rel=0.2)
+            assert zero_x < 1.0 and c.k0_speedup < 1.0 and zero_x == pytest.approx(c.k0_speedup, rel=0.2)
     finally:
         shutdown(followed)
         shutdown(zero)
