@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import NamedTuple
 
@@ -238,8 +238,10 @@ class Counts:
             else:
                 mine[:] = map(operator.add, mine, row)
 
-    def totals(self, seconds: float, k: int | None) -> Totals:
-        """The interval as an immutable :class:`Totals`; speculative counts only when ``k`` is known."""
+    def totals(self, seconds: float, k: int | None, spreads: dict[int, float] | None = None) -> Totals:
+        """The interval as an immutable :class:`Totals`; speculative counts only when ``k`` is known; ``spreads``:
+        each batch size's moment-to-moment spread of its decode-step time (:func:`moment_spread`)."""
+        spreads = spreads or {}
         c = dict(zip(SCALARS, self.scalars, strict=True))
         spec = None
         if k is not None:
@@ -253,7 +255,7 @@ class Counts:
                 rejections=c["rejections"],
             )
         times = tuple(StepTime(b, int(n), t / n if n else 0.0, int(tok), int(pn), ps, int(ptok), int(first),
-                               ctx / n if n else 0.0)
+                               ctx / n if n else 0.0, spread=spreads.get(b, 0.0))
                       for b, (n, t, tok, pn, ps, ptok, first, ctx) in sorted(self.batches.items()))
         return Totals(
             seconds=seconds,
@@ -268,6 +270,48 @@ class Counts:
             step_times=StepProfile(times),
             prefills=c["prefills"],
         )
+
+
+#: Seconds with decode steps at a batch size that its moment-to-moment spread is drawn from (fewer: unknown).
+MIN_SPREAD_SECONDS = 5
+
+
+def moment_spread(seconds: Sequence[tuple[float, float, float]]) -> float:
+    """How much a batch size's decode-step time moves from one second to the next, relative to its mean: from each
+    second's ``(steps, seconds in them, context summed over them)``, the step-weighted standard deviation of the
+    seconds' mean step times about a least-squares line in their mean context (a second of longer contexts is
+    slower for a reason), over the mean; 0.0 (unknown) with fewer than :data:`MIN_SPREAD_SECONDS` seconds.
+
+    A baseline timed at another moment differs from now by about this much (the machine's speed moves: other
+    work on the host, clocks, a neighbour's traffic), which its own calibration rounds, back to back, do not see.
+    """
+    rows = [(n, t / n, c / n) for n, t, c in seconds if n > 0]
+    if len(rows) < MIN_SPREAD_SECONDS:
+        return 0.0
+    w = sum(n for n, _, _ in rows)
+    y0 = sum(n * y for n, y, _ in rows) / w
+    x0 = sum(n * x for n, _, x in rows) / w
+    sxx = sum(n * (x - x0) ** 2 for n, _, x in rows)
+    slope = max(0.0, sum(n * (x - x0) * (y - y0) for n, y, x in rows) / sxx) if sxx > 1e-9 * w * (x0 * x0 + 1) \
+        else 0.0
+    resid = sum(n * (y - y0 - slope * (x - x0)) ** 2 for n, y, x in rows) / w
+    fitted = 2 if slope else 1
+    return (resid * len(rows) / (len(rows) - fitted)) ** 0.5 / y0 if y0 > 0 else 0.0
+
+
+def batch_seconds(rings: Sequence[Ring], now: int, window: int) -> dict[int, list[tuple[float, float, float]]]:
+    """Per batch size, each second's decode ``(steps, seconds, context sum)`` over ``rings`` (engines summed), for
+    :func:`moment_spread`."""
+    per_second: dict[int, dict[int, list[float]]] = {}
+    for ring in rings:
+        for second, counts in ring.seconds_of(now, window):
+            for b, row in counts.batches.items():
+                if row[DECODE_STEPS]:
+                    cell = per_second.setdefault(b, {}).setdefault(second, [0.0, 0.0, 0.0])
+                    cell[0] += row[DECODE_STEPS]
+                    cell[1] += row[DECODE_S]
+                    cell[2] += row[DECODE_CONTEXT]
+    return {b: [(n, t, c) for n, t, c in by_second.values()] for b, by_second in per_second.items()}
 
 
 class Ring:
@@ -306,6 +350,13 @@ class Ring:
             if self.seconds[i] == second:
                 total.add(self.buckets[i])
         return total
+
+    def seconds_of(self, now: int, window: int) -> Iterator[tuple[int, Counts]]:
+        """``(second, counts)`` of each second with counts in the last ``window`` seconds up to ``now``."""
+        for second in range(now - window + 1, now + 1):
+            i = second % self.size
+            if self.seconds[i] == second:
+                yield second, self.buckets[i]
 
     def lifetime(self) -> Counts:
         """Everything ever added."""

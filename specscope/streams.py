@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from typing import NamedTuple
 
-from specscope.counts import Counts, Ring, StepBatch, StepTimer
+from specscope.counts import Counts, Ring, StepBatch, StepTimer, batch_seconds, moment_spread
 from specscope.model import EngineInfo, EngineView, KVCache, Totals
 
 #: Why the KV token estimate is withheld while requests share cached prefix blocks.
@@ -58,13 +58,23 @@ class EngineStreams:
         k = info.num_speculative_tokens
         life, window = Counts(), Counts()
         engines = []
+        second, seconds = int(now), int(span)
+        spreads: dict[int, float] = {}
         with self._lock:
             for index, stream in sorted(self._streams.items()):
-                lifetime, w = stream.ring.lifetime(), stream.ring.sum(int(now), int(span))
+                lifetime, w = stream.ring.lifetime(), stream.ring.sum(second, seconds)
                 life.add(lifetime)
                 window.add(w)
-                engines.append(stream.view(index, info, lifetime.totals(age, k), w.totals(window_len, k)))
-        return StreamsView(life.totals(age, k), window.totals(window_len, k), tuple(engines))
+                spreads = _spreads([stream.ring], second, seconds)
+                engines.append(stream.view(index, info, lifetime.totals(age, k), w.totals(window_len, k, spreads)))
+            if len(self._streams) > 1:
+                spreads = _spreads([s.ring for s in self._streams.values()], second, seconds)
+        return StreamsView(life.totals(age, k), window.totals(window_len, k, spreads), tuple(engines))
+
+
+def _spreads(rings: list[Ring], second: int, seconds: int) -> dict[int, float]:
+    """Each batch size's moment-to-moment spread of its decode-step time over the window."""
+    return {b: moment_spread(rows) for b, rows in batch_seconds(rings, second, seconds).items()}
 
 
 class EngineStream:

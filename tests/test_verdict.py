@@ -595,3 +595,48 @@ def test_the_not_paying_alert_can_fire_at_a_k0_range() -> None:
     assert "remove it if the engine runs at this batch size most" in alert.description
     # A 60 s window has gone idle since (the verdict falls back on the lifetime's steps): nothing measured now.
     assert Evaluator(hub, rules=[rule], thresholds=Thresholds(weak_draft_for_s=0)).evaluate() == []
+
+
+def test_a_machine_whose_speed_moves_widens_the_interval_by_what_the_live_steps_show() -> None:
+    """Issue 25.4: a baseline is one moment; the machine's speed moves between moments (here by ±10% from one
+    second to the next), which the baseline's back-to-back rounds do not see and the live steps do. The interval
+    takes that spread in; a steady machine's stays as it was; context-driven step times are not taken for drift."""
+    from specscope.counts import moment_spread
+
+    assert moment_spread([(50, 50 * 0.01, 50 * 100.0)] * 10) == 0.0  # steady
+    assert moment_spread([(50, 50 * 0.01, 0.0)] * 4) == 0.0  # too few seconds to tell: unknown
+    moving = [(50, 50 * (0.011 if i % 2 else 0.009), 50 * 100.0) for i in range(10)]
+    assert moment_spread(moving) == pytest.approx(0.1 * (10 / 9) ** 0.5)
+    # Longer contexts, slower steps, on a line: the context explains it all.
+    assert moment_spread([(50, 50 * (0.01 + 1e-6 * c), 50.0 * c) for c in range(100, 1100, 100)]) == \
+        pytest.approx(0.0, abs=1e-9)
+
+    def run(swing: float) -> Any:
+        clock = Clock()
+        hub = Hub(clock=clock, window_s=600)
+        hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model", setup=SETUP))
+        hub.set_baseline(StepProfile((StepTime(1, 50, 0.0036),), "measured on /m/target", SETUP))
+        for second in range(20):
+            dt = 0.008 * (1 + (swing if second % 2 else -swing))
+            for i in range(50):
+                clock.t = 1000 + second + i * 0.015
+                hub.record_step(StepStats(running=1, waiting=0, generation_tokens=1 + 2 + i % 2, batch=1,
+                                          decode_s=dt, num_spec_tokens=4, drafts=1, draft_tokens=4,
+                                          accepted=2 + i % 2, accepted_per_pos=[1, 1, i % 2, 0],
+                                          draft_tokens_per_pos=[1, 1, 1, 1], rejections=1))
+        for i in range(20):
+            n = 10 + i
+            hub.requests.record(f"r{i}", prompt_tokens=20, generation_tokens=n * 3, num_spec_tokens=4,
+                                spec_steps=n, draft_tokens=4 * n, accepted_tokens=2 * n + i % 3,
+                                acceptance_histogram=(0, 0, n - i % 3, i % 3, 0))
+        hub.wait_idle()
+        snap = hub.snapshot()
+        return snap.window.step_times.get(1, 1), estimate(snap, batch_size=1)
+
+    steady_steps, steady = run(0.0)
+    moving_steps, moved = run(0.1)
+    assert steady_steps.spread == 0.0 and moving_steps.spread == pytest.approx(0.1, rel=0.06)  # ± the fit's dof
+    assert steady.interval is not None and moved.interval is not None
+    assert steady.expected_speedup == pytest.approx(moved.expected_speedup)  # the same mean step time
+    width = (moved.interval[1] - moved.interval[0]) / (steady.interval[1] - steady.interval[0])
+    assert width > 1.5 and "live steps from second to second" in moved.explain()

@@ -420,6 +420,11 @@ def _interval(snap: Snapshot, batch: int | None, k: int, c: float, measured: boo
     base = usable_baseline(snap)
     rows = [t for t in base.times if t.steps >= MIN_STEPS] if base is not None and measured and batch else []
     spread = min(rows, key=lambda t: abs(t.batch_size - (batch or 1))).spread if rows else 0.0
+    # The baseline was timed at another moment: the machine's speed moves between moments by about as much as the
+    # live engine's step time moves from second to second (its own rounds, back to back, do not see that).
+    live = steps_at(snap, batch) if rows and batch else None
+    drift = live.spread if live is not None else 0.0
+    spread = (spread * spread + drift * drift) ** 0.5
     rates, a, tokens = point
     n = max(k, 1)  # draft tokens a step pays c for (at a K = 0 range, c is its steps' cost c0: one a step)
     draws = [(tuple(r * (d.rates[i] if i < len(d.rates) else 1.0) for i, r in enumerate(rates)),
@@ -433,7 +438,8 @@ def _interval(snap: Snapshot, batch: int | None, k: int, c: float, measured: boo
 
     basis = f"{uncertainty.COVERAGE:.0%} interval over {res.requests} requests"
     return (uncertainty.quantiles([speedup_at(k, *x) for x in draws]),
-            basis + (f" and the baseline's {spread:.0%} spread" if spread else ""), bands)
+            basis + (f" and a {spread:.0%} spread of the plain step time (the baseline's rounds, and the live steps "
+                     f"from second to second)" if spread else ""), bands)
 
 
 def k0_decode(snap: Snapshot, cost: CostRatio) -> tuple[float, str]:
