@@ -48,6 +48,12 @@ class SpecCounts:
         return acc.acceptance_rate(self.accepted, self.draft_tokens)
 
     @property
+    def drafted_per_step(self) -> float | None:
+        """Draft tokens per verify step: K where the engine drafts the configured K, fewer where it manages K
+        itself (adaptive verification) or a request nears its length limit; None without drafts."""
+        return self.draft_tokens / self.drafts if self.drafts else None
+
+    @property
     def mean_acceptance_length(self) -> float | None:
         """1 + accepted / drafts (bonus token included)."""
         return acc.mean_acceptance_length(self.accepted, self.drafts)
@@ -443,12 +449,19 @@ class EngineInfo:
     #: vLLM's ``data_parallel_size``: above 1, vLLM drops ``num_speculative_tokens_per_batch_size`` and drafts
     #: ``num_speculative_tokens`` at every batch size.
     data_parallel_size: int | None = None
+    #: vLLM's ``enable_adaptive_verification``: the engine sizes each request's verification from the draft's
+    #: confidence, up to ``num_speculative_tokens``.
+    adaptive_verification: bool = False
 
     @property
     def one_k_reason(self) -> str | None:
         """Why vLLM drafts one K at every batch size here whatever the config asks (a method it keeps no schedule
-        for, or data parallel), or why a schedule costs its largest K's draft passes at every batch size (a draft
-        model on the V2 runner); None where a per-batch-size schedule costs what its K do."""
+        for, or data parallel), why the engine's K is its own (adaptive verification: a schedule would fight it, K
+        is its ceiling), or why a schedule costs its largest K's draft passes at every batch size (a draft model on
+        the V2 runner); None where a per-batch-size schedule costs what its K do."""
+        if self.adaptive_verification:
+            return ("vLLM sizes each request's verification itself (enable_adaptive_verification), up to "
+                    "num_speculative_tokens: a per-batch-size schedule would fight it")
         if self.method is not None and self.method not in SCHEDULABLE_METHODS:
             return f"vLLM keeps no per-batch-size schedule for method {self.method}"
         if self.data_parallel_size is not None and self.data_parallel_size > 1:

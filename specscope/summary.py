@@ -108,9 +108,12 @@ def _spec_line(t: Totals) -> str:
     s = t.spec
     if s is None:
         return base + "  (no speculation)"
+    drafted = s.drafted_per_step
+    fewer = (f"  drafted {drafted:.2f}/step of K={s.num_spec_tokens}"
+             if drafted is not None and drafted < 0.98 * s.num_spec_tokens else "")
     return (
         f"{base}  acceptance {percent(s.acceptance_rate)}  alpha {_num(s.alpha)}"
-        f"  mean length {_num(s.mean_acceptance_length)}  drafted {s.draft_tokens} accepted {s.accepted}"
+        f"  mean length {_num(s.mean_acceptance_length)}  drafted {s.draft_tokens} accepted {s.accepted}{fewer}"
     )
 
 

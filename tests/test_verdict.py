@@ -640,3 +640,43 @@ def test_a_machine_whose_speed_moves_widens_the_interval_by_what_the_live_steps_
     assert steady.expected_speedup == pytest.approx(moved.expected_speedup)  # the same mean step time
     width = (moved.interval[1] - moved.interval[0]) / (steady.interval[1] - steady.interval[0])
     assert width > 1.5 and "live steps from second to second" in moved.explain()
+
+
+def test_an_engine_that_manages_k_itself_gets_no_schedule_and_its_drafted_k_is_reported(tmp_path: Path) -> None:
+    """Issue 26.8: with vLLM's enable_adaptive_verification the engine sizes each request's verification; a
+    per-batch-size schedule would fight it. The advice is one K (its ceiling), the reason said, and the K the
+    engine drafted per verify step stands beside the one the verdict would pick."""
+    from types import SimpleNamespace
+
+    from specscope.collectors.vllm_reader import engine_info
+    from specscope.summary import summary
+
+    spec = SimpleNamespace(method="draft_model", num_speculative_tokens=4, model="/m/draft",
+                           enable_adaptive_verification=True)
+    assert engine_info(SimpleNamespace(speculative_config=spec)).adaptive_verification
+    spec.enable_adaptive_verification = False
+    assert not engine_info(SimpleNamespace(speculative_config=spec)).adaptive_verification
+    clock = Clock()
+    hub = speculative_hub(clock)
+    with_baseline(hub, tmp_path)
+    assert "num_speculative_tokens_per_batch_size" in (recommended_config(hub.snapshot()) or {})  # a schedule
+    hub.set_engine(replace(hub.snapshot().engine, adaptive_verification=True))
+    for _ in range(30):  # the engine drafted 2 or 3 of its 4 a step
+        clock.t += 0.01
+        hub.record_step(StepStats(running=1, waiting=0, generation_tokens=3, batch=1, decode_s=0.01,
+                                  num_spec_tokens=4, drafts=2, draft_tokens=5, accepted=4, accepted_per_pos=[2, 2],
+                                  draft_tokens_per_pos=[2, 2, 1], rejections=1))
+    snap = replace(hub.snapshot(), decode_batch=1)
+    config = recommended_config(snap)
+    assert config is not None and set(config) == {"num_speculative_tokens"}
+    text = "\n".join(schedule_text(snap))
+    assert "vLLM sizes each request's verification itself (enable_adaptive_verification)" in text
+    est = estimate(snap)
+    assert est is not None
+    assert f"the engine drafted 2.50 tokens per verify step over the window where the verdict would pick " \
+           f"K={est.advised_k}" in text
+    assert "drafted 2.50/step of K=4" in summary(snap)
+    from specscope.tui.view import spec_panel
+
+    panel = spec_panel(snap, 0.3).plain
+    assert "engine-managed K: drafted 2.50/step of K=4" in panel and "K schedule: none (vLLM sizes" in panel

@@ -131,6 +131,7 @@ def engine_info(vllm_config: Any) -> EngineInfo:
         rejection_sample_method=rejection if isinstance(rejection, str) else None,
         data_parallel_size=_int_or_none(getattr(getattr(vllm_config, "parallel_config", None),
                                                 "data_parallel_size", None)),
+        adaptive_verification=getattr(spec, "enable_adaptive_verification", False) is True,
     )
 
 

@@ -142,6 +142,8 @@ def spec_panel(snap: Snapshot | None, threshold: float, history: list[float] | N
     mal = w.mean_acceptance_length
     t.append(f"alpha {'n/a' if a is None else f'{a:.2f}'}  mean {'len' if compact else 'acceptance length'} "
              f"{'n/a' if mal is None else f'{mal:.2f}'} tok/step\n")
+    if snap.engine.adaptive_verification and (drafted := w.drafted_per_step) is not None:
+        t.append(f"engine-managed K: drafted {drafted:.2f}/step of K={w.num_spec_tokens}\n")
     if _unavailable(snap, "spec_counts"):
         t.append("speculative counts n/a: vLLM's stats lack them (see health)\n")
     win = snap.window

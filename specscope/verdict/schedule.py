@@ -140,6 +140,11 @@ def schedule_text(snap: Snapshot) -> list[str]:
     fixed = snap.engine.one_k_reason is not None
     if fixed:
         lines.append(f"{snap.engine.one_k_reason}: one K, the best at the operating batch")
+    drafted = snap.window.spec.drafted_per_step if snap.window.spec is not None else None
+    if snap.engine.adaptive_verification and drafted is not None:
+        est = estimate(snap)
+        pick = f" where the verdict would pick K={est.advised_k}" if est is not None else ""
+        lines.append(f"the engine drafted {drafted:.2f} tokens per verify step over the window{pick}")
     if config is None and fixed and any(c.speedup >= 1.0 for c in table):
         lines.append("remove speculative_config: no K pays at the operating batch")
     elif config is None:
