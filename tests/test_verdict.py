@@ -680,3 +680,24 @@ def test_an_engine_that_manages_k_itself_gets_no_schedule_and_its_drafted_k_is_r
 
     panel = spec_panel(snap, 0.3).plain
     assert "engine-managed K: drafted 2.50/step of K=4" in panel and "K schedule: none (vLLM sizes" in panel
+
+
+def test_a_threshold_where_the_engine_spends_its_time_is_said_to_flap(tmp_path: Path) -> None:
+    """Issue 26.6: vLLM picks K from the batch of each step, so a schedule threshold inside the batch sizes the
+    engine runs at most flips K every few steps as requests come and go (vllm#49548). The verdict says which, and
+    the one K best for the traffic; a threshold outside the middle half of the step time is left alone."""
+    from specscope.verdict.traffic import flapping
+
+    clock = Clock()
+    hub = Hub(clock=clock, window_s=3600)
+    hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model", setup=SETUP))
+    for batch, dt in ((1, 0.008), (4, 0.012), (8, 0.018), (16, 0.030)):  # step time: 12%, 18%, 26%, 44%
+        steps(hub, clock, batch, dt, 30, accepted=3)
+    with_baseline(hub, tmp_path)
+    snap = hub.snapshot()
+    flap = flapping(snap, [(1, 3, 4), (4, 10, 2), (11, 256, 1)])
+    assert flap is not None and (flap.boundary, flap.ks, flap.band) == (10, (2, 1), (4, 16))
+    assert flap.best_k is not None and flap.best_speedup is not None and flap.best_k >= 1
+    assert "changes K at batch 10 (K=2 to K=1)" in flap.explain() and f"K={flap.best_k} (" in flap.explain()
+    assert flapping(snap, [(1, 3, 4), (4, 256, 2)]) is None  # K changes below where the engine runs
+    assert flapping(snap, [(1, 256, 3)]) is None  # one K: nothing to flap

@@ -11,6 +11,7 @@ from typing import Any
 
 from specscope.model import Snapshot
 from specscope.verdict.speedup import by_batch_size, estimate
+from specscope.verdict.traffic import flapping
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,8 @@ def schedule_text(snap: Snapshot) -> list[str]:
         if "num_speculative_tokens_per_batch_size" in config and _graphs_lost(snap):
             lines.append("on this GPU vLLM's V1 runner runs a schedule with PIECEWISE CUDA graphs instead of FULL "
                          "ones, a per-step cost not priced here: measure it against the fixed K (specscope evaluate)")
+        if (flap := flapping(snap, k_schedule(snap))) is not None and "num_speculative_tokens_per_batch_size" in config:
+            lines.append(flap.explain())
         losing = [c for c in table if c.speedup < 1.0]
         if losing:
             lines.append("costs at batch " + ", ".join(f"{c.batch_size} ({c.speedup:.2f}x)" for c in losing)

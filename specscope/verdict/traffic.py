@@ -1,5 +1,6 @@
 """"Does it pay for my traffic?": the verdict's speedups by batch size weighted by where the engine spent its time
-over the window, one number with its interval (:func:`traffic_speedup`).
+over the window, one number with its interval (:func:`traffic_speedup`); and a schedule threshold inside the batch
+sizes the engine spends its time at, where K flaps as requests come and go (:func:`flapping`).
 
 The engine spent T_b seconds in steps at batch size b; without speculation the same tokens would have taken
 T_b × S_b (S_b the end-to-end speedup estimated there), so the traffic's speedup is Σ T_b S_b / Σ T_b over the batch
@@ -9,6 +10,7 @@ acceptance and the baseline, so they move together, not independently).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from specscope.model import Snapshot
@@ -72,3 +74,65 @@ def traffic_speedup(snap: Snapshot) -> TrafficSpeedup | None:
                     sum(w * iv[1] for _, w, _, iv in weighed if iv) / covered)
     shares = tuple(sorted(((b, w / covered, s) for b, w, s, _ in weighed), key=lambda x: -x[1]))
     return TrafficSpeedup(speedup, interval, shares, covered / total)
+
+
+@dataclass(frozen=True)
+class Flap:
+    """A schedule threshold inside the batch sizes the engine spends its time at: K flaps as requests come and go."""
+
+    #: The last batch size of the range below the change, and the K on each side.
+    boundary: int
+    ks: tuple[int, int]
+    #: The batch sizes holding the middle half of the window's step time (25th to 75th percentile).
+    band: tuple[int, int]
+    #: The one K best for the window's traffic (its speedup weighed as :func:`traffic_speedup` weighs), or None.
+    best_k: int | None
+    best_speedup: float | None
+
+    def explain(self) -> str:
+        """One line for the schedule text."""
+        one = (f"; one K for this traffic, K={self.best_k} ({self.best_speedup:.2f}x), does not flap"
+               if self.best_k is not None and self.best_speedup is not None else "")
+        return (f"the schedule changes K at batch {self.boundary} (K={self.ks[0]} to K={self.ks[1]}), inside the "
+                f"batch sizes where the engine spends half its step time ({self.band[0]}-{self.band[1]}): as "
+                f"requests come and go the batch crosses it every few steps and K flaps with it{one}")
+
+
+def flapping(snap: Snapshot, schedule: list[tuple[int, int, int]]) -> Flap | None:
+    """The first threshold of ``schedule`` (a change of K between ranges) within the middle half of the window's
+    step time by batch size; None where every threshold lies outside it (or nothing ran)."""
+    rows = sorted((t.batch_size, t.steps * t.mean_s + t.prefill_s) for t in snap.window.step_times.times)
+    total = sum(w for _, w in rows)
+    if total <= 0 or len(schedule) < 2:
+        return None
+    cumulative, lo, hi = 0.0, None, None
+    for b, w in rows:
+        cumulative += w
+        if lo is None and cumulative >= 0.25 * total:
+            lo = b
+        if hi is None and cumulative >= 0.75 * total:
+            hi = b
+    if lo is None or hi is None:
+        return None
+    for (_, end, k0), (_, _, k1) in itertools.pairwise(schedule):
+        if k0 != k1 and lo <= end < hi:
+            best = best_single_k(snap)
+            return Flap(end, (k0, k1), (lo, hi), *(best if best else (None, None)))
+    return None
+
+
+def best_single_k(snap: Snapshot) -> tuple[int, float] | None:
+    """The K > 0 whose speedup, weighed by the window's step time at each batch size with a measured estimate, is
+    highest, and that speedup."""
+    weighed = []
+    for t in snap.window.step_times.times:
+        est = estimate(snap, batch_size=t.batch_size)
+        if est is not None and est.measured:
+            weighed.append((t.steps * t.mean_s + t.prefill_s, est.by_k))
+    total = sum(w for w, _ in weighed)
+    if total <= 0:
+        return None
+    ks = min(len(by_k) for _, by_k in weighed)
+    scores = [(sum(w * by_k[k] for w, by_k in weighed) / total, k) for k in range(1, ks)]
+    speedup, k = max(scores)
+    return k, speedup
