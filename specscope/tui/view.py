@@ -17,7 +17,6 @@ from specscope.memory import draft_kv_cost
 from specscope.model import RequestRecord, Snapshot, TrafficClass
 from specscope.summary import part_line, percent
 from specscope.verdict import (
-    by_batch_line,
     by_batch_size,
     class_speedup,
     config_text,
@@ -162,8 +161,7 @@ def spec_panel(snap: Snapshot | None, threshold: float, history: list[float] | N
                  else "bold red" if traffic.call == "does NOT pay" else "bold yellow")
         if (iv := traffic.interval) is not None:
             t.append(f" ({iv[0]:.2f}-{iv[1]:.2f})")
-        t.append(f" {traffic.call}" + ("" if compact else "; time at batch " + ", ".join(
-            f"{b} {share:.0%}" for b, share, _ in traffic.shares[:3])) + "\n")
+        t.append(" within the noise\n" if "noise" in traffic.call else f" {traffic.call}\n")
     est = estimate(snap)
     if est is None:
         if _unavailable(snap, "cost_ratio"):
@@ -189,9 +187,10 @@ def spec_panel(snap: Snapshot | None, threshold: float, history: list[float] | N
                      f"prefill {percent(est.prefill_share)}\n")
             if snap.baseline_problem:
                 t.append(f"baseline refused: {snap.baseline_problem}\n")
-        line = None if compact else by_batch_line(by_batch_size(snap))
-        if line:
-            t.append(line + "\n")
+        per_batch = [] if compact else by_batch_size(snap)
+        if per_batch:  # the numbers alone: the traffic line above gives the call
+            t.append("by batch size " + "  ".join(f"{e.batch_size}: {e.expected_speedup:.2f}x" for e in per_batch)
+                     + "\n")
             config = recommended_config(snap)
             if config is None:
                 advice = "remove speculative_config: no K pays"
