@@ -3,7 +3,6 @@ writes) and its output tokens/s with the batch held full (what the verdict's spe
 
 from __future__ import annotations
 
-import random
 import statistics
 import time
 from collections.abc import Sequence
@@ -94,25 +93,22 @@ def _contrast(llm: Any, reference: Sequence[Any], tokens: int, batch: int) -> li
 
 @dataclass
 class PromptOrder:
-    """Which prompt a window runs next when windows must cover a whole prompt file: a seeded shuffle of it, walked
-    on from one window to the next (:meth:`next_window`), every engine of a window starting at the same place, and
-    the prompts actually run (:attr:`ran`). Without it each window starts again at the file's first prompt."""
+    """Which prompt a window runs next when windows must cover a whole prompt list: the list in its order (a
+    workload's interleaves its classes), walked on from one window to the next (:meth:`next_window`), every engine of
+    a window starting at the same place, and the prompts actually run (:attr:`ran`). Without it each window starts
+    again at the list's first prompt."""
 
     size: int
-    seed: int = 0
-    #: Where the current window starts in the shuffled order.
+    #: Where the current window starts.
     start: int = 0
     #: How far the window's furthest engine got.
     reach: int = 0
-    #: Indexes into the prompt list of every prompt run so far.
+    #: Indexes of every prompt run so far.
     ran: set[int] = field(default_factory=set)
-
-    def __post_init__(self) -> None:
-        self._order = random.Random(self.seed).sample(range(self.size), self.size)
 
     def take(self, j: int) -> int:
         """The prompt index of the window's ``j``-th request."""
-        i = self._order[(self.start + j) % self.size]
+        i = (self.start + j) % self.size
         self.reach = max(self.reach, j + 1)
         self.ran.add(i)
         return i

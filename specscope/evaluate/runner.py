@@ -156,8 +156,8 @@ class Runner:
         self._warm(spec, work, sizes)
         hub = specscope.Hub(window_s=3600, max_requests=100_000)
         specscope.instrument(spec, hub)
-        # Every run walks the same seeded order through the whole file, window after window, plain and speculative
-        # on the same stretch of it: a file of one class after another is measured on all of them, every run alike.
+        # Every run walks the workload (its classes interleaved) through to its end, window after window, plain and
+        # speculative on the same stretch of it, every run alike: the whole file is measured, not its first prompts.
         order = PromptOrder(len(work.prompts))
         for r in range(self.rounds):
             for i, b in enumerate(sizes):
