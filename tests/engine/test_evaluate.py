@@ -83,5 +83,7 @@ def test_evaluate_ranks_the_good_draft_first_and_tells_the_weak_one_to_run_witho
     if not any(c["best_k"] for c in weak_s["best"].values()):
         assert weak_s["speculative_config"] is None and not weak_s["measured"]
     page = (tmp_path / "r.html").read_text()
-    assert page.count("data:image/png;base64,") >= 5 and "num_speculative_tokens_per_batch_size" in page
+    # The good draft's advice, ready to paste: its schedule, or its one K where the same K is best throughout.
+    assert page.count("data:image/png;base64,") >= 5 and all(f"&quot;{key}&quot;" in page
+                                                             for key in best["speculative_config"])
     assert "1 prompts skipped" in r.stderr and "1 longer than max_model_len" in page

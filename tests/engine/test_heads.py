@@ -3,9 +3,9 @@ auxiliary hidden states, the head's own KV cache and shifted prefill), with its 
 the target's last hidden state fused with the embedding) and as a MiMo model with one MTP layer (method ``mtp``),
 all from ``specscope models``.
 
-For each method one plain engine of the target is the baseline and the "without speculation" of the measured
-speedup; one speculative engine at K = 4 serves the checks of counts, per-position acceptance, memory and the
-verdict's inputs.
+One plain engine of each target (the two heads share deep01's) is the baseline and the "without speculation" of
+the measured speedup; one speculative engine at K = 4 serves the checks of counts, per-position acceptance, memory
+and the verdict's inputs.
 """
 
 from __future__ import annotations
@@ -39,20 +39,31 @@ METHODS: dict[str, tuple[str, dict[str, str], int]] = {
 }
 
 
+@pytest.fixture(scope="module")
+def plains(engines: Any) -> Iterator[dict[str, Any]]:
+    """The plain targets by name, one alive at a time: the EAGLE-3 and EAGLE-1 heads share deep01's."""
+    engines.close()  # two cores: this module's two engines only
+    alive: dict[str, Any] = {}
+    yield alive
+    for llm in alive.values():
+        shutdown(llm)
+
+
 @pytest.fixture(scope="module", params=list(METHODS))
-def pair(request: pytest.FixtureRequest, tiny: dict[str, Path], engines: Any) -> Iterator[tuple[Any, Any]]:
+def pair(request: pytest.FixtureRequest, tiny: dict[str, Path], plains: dict[str, Any]) -> Iterator[tuple[Any, Any]]:
     """(plain target, speculative engine at K = 4), both alive: they run alternately."""
     import specscope
 
-    engines.close()  # two cores: this module's two engines only
     target, config, _ = METHODS[request.param]
+    for other in [name for name in plains if name != target]:
+        shutdown(plains.pop(other))
+    if target not in plains:
+        plains[target] = specscope.LLM(str(tiny[target]), specscope_hub=Hub(), **DEEP)
     spec = {k: str(tiny[v]) if k == "model" else v for k, v in config.items()}
-    plain = specscope.LLM(str(tiny[target]), specscope_hub=Hub(), **DEEP)
     head = specscope.LLM(str(tiny[target]), specscope_hub=Hub(), disable_log_stats=False, **DEEP,
                          speculative_config={**spec, "num_speculative_tokens": 4})
-    yield plain, head
+    yield plains[target], head
     shutdown(head)
-    shutdown(plain)
 
 
 def test_counts_add_up_to_vllms_and_the_head_accepts_like_a_useful_draft(pair: tuple[Any, Any]) -> None:
