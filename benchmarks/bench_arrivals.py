@@ -43,7 +43,8 @@ from specscope.verdict.traffic import best_single_k, flapping
 
 TOKENS = 64
 PROMPTS = tiny_models.prompts(256, seed=61)
-ENGINE = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "32"]
+ENGINE = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "32",
+          "--per-request-spec-decode-metrics", "summary"]  # per-request acceptance: the interval is drawn from it
 
 
 def free_port() -> int:

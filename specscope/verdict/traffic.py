@@ -91,11 +91,12 @@ class Flap:
 
     def explain(self) -> str:
         """One line for the schedule text."""
-        one = (f"; one K for this traffic, K={self.best_k} ({self.best_speedup:.2f}x), does not flap"
+        one = (f"; where switching costs (vllm#49548 saw throughput drop), one K for this traffic does not switch: "
+               f"K={self.best_k} ({self.best_speedup:.2f}x)"
                if self.best_k is not None and self.best_speedup is not None else "")
         return (f"the schedule changes K at batch {self.boundary} (K={self.ks[0]} to K={self.ks[1]}), inside the "
                 f"batch sizes where the engine spends half its step time ({self.band[0]}-{self.band[1]}): as "
-                f"requests come and go the batch crosses it every few steps and K flaps with it{one}")
+                f"requests come and go the batch crosses it every few steps and K switches with it{one}")
 
 
 def flapping(snap: Snapshot, schedule: list[tuple[int, int, int]]) -> Flap | None:
