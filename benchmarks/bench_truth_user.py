@@ -119,10 +119,12 @@ def run_pair(name: str, target: Path, draft: Path, length: int, samples: tuple[l
     snap = spec.snapshot()
     estimates = {b: estimate(snap, batch_size=b) for b in BATCHES}
     predicting_tokens = _tokens_per_step(snap.lifetime.step_times)
+    predicting_ms = _step_ms(snap.lifetime.step_times)
     shutdown(spec)
     measured: dict[int, dict[int, float]] = {}
     serving = plain.snapshot().lifetime.step_times
     measuring_tokens: dict[int, float | None] = {}
+    measuring_ms: dict[int, float | None] = {}
     for k in KS:
         spec = engine(target, length, draft, k)
         measured[k] = {}
@@ -139,6 +141,7 @@ def run_pair(name: str, target: Path, draft: Path, length: int, samples: tuple[l
             measured[k][b] = statistics.median(ratios)
         if k == RUNNING_K:
             measuring_tokens = _tokens_per_step(spec.snapshot().lifetime.step_times)
+            measuring_ms = _step_ms(spec.snapshot().lifetime.step_times)
         shutdown(spec)
         print(f"{name} K={k}: measured " + ", ".join(f"batch {b} {measured[k][b]:.2f}x" for b in BATCHES),
               flush=True)
@@ -168,12 +171,19 @@ def run_pair(name: str, target: Path, draft: Path, length: int, samples: tuple[l
                           "us_per_context_token": round(1e6 * t.context_slope, 2), "spread": round(t.spread, 3)}
                          for t in baseline.times],
             # Where a wrong prediction comes from: the plain engine's own steps while it served sample B beside
-            # the calibration's, and the running K's tokens a request gained per step on sample A (predicting)
-            # and on sample B (measuring).
+            # the calibration's, the running K's tokens a request gained per step on sample A (predicting) and on
+            # sample B (measuring) ...
             "plain_serving_ms": {b: round(1e3 * t.mean_s, 2) for b in BATCHES
                                  if (t := serving.get(b)) is not None},
             "plain_serving_context": {b: round(t.context, 1) for b in BATCHES if (t := serving.get(b)) is not None},
-            "tokens_per_step": {"sample_a": predicting_tokens, "sample_b": measuring_tokens}}
+            "tokens_per_step": {"sample_a": predicting_tokens, "sample_b": measuring_tokens},
+            # ... and the running K's own decode steps in both: the prediction takes sample A's.
+            "spec_step_ms": {"sample_a": predicting_ms, "sample_b": measuring_ms}}
+
+
+def _step_ms(times: Any) -> dict[int, float | None]:
+    """The mean decode step in milliseconds at each batch size of the benchmark."""
+    return {b: None if (t := times.get(b)) is None else round(1e3 * t.mean_s, 2) for b in BATCHES}
 
 
 def _tokens_per_step(times: Any) -> dict[int, float | None]:
