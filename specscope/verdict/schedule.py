@@ -158,7 +158,8 @@ def schedule_text(snap: Snapshot) -> list[str]:
         if "num_speculative_tokens_per_batch_size" in config and _graphs_lost(snap):
             lines.append("on this GPU vLLM's V1 runner runs a schedule with PIECEWISE CUDA graphs instead of FULL "
                          "ones, a per-step cost not priced here: measure it against the fixed K (specscope evaluate)")
-        if (flap := flapping(snap, k_schedule(snap))) is not None and "num_speculative_tokens_per_batch_size" in config:
+        ranges = config.get("num_speculative_tokens_per_batch_size")
+        if ranges and (flap := flapping(snap, [(a, b, k) for a, b, k in ranges])) is not None:
             lines.append(flap.explain())
         losing = [c for c in table if c.speedup < 1.0]
         if losing:

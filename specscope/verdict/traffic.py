@@ -14,7 +14,7 @@ import itertools
 from dataclasses import dataclass
 
 from specscope.model import Snapshot
-from specscope.verdict.speedup import estimate
+from specscope.verdict.speedup import SpeedupEstimate, estimate
 
 
 @dataclass(frozen=True)
@@ -53,27 +53,35 @@ class TrafficSpeedup:
         return f"for this traffic {self.speedup:.2f}x{iv}: {self.call} (time at batch {where}{more}{part})"
 
 
+def _weighed(snap: Snapshot) -> list[tuple[int, float, SpeedupEstimate | None]]:
+    """Each batch size the window ran: ``(batch size, seconds of steps there, its measured estimate or None)``, in
+    batch order; computed once per snapshot."""
+    key = ("weighed",)
+    if key not in snap.derived:
+        rows = []
+        for t in snap.window.step_times.times:
+            seconds = t.steps * t.mean_s + t.prefill_s
+            est = estimate(snap, batch_size=t.batch_size) if seconds > 0 else None
+            rows.append((t.batch_size, seconds, est if est is not None and est.measured else None))
+        snap.derived[key] = sorted(rows, key=lambda r: r[0])
+    return snap.derived[key]
+
+
 def traffic_speedup(snap: Snapshot) -> TrafficSpeedup | None:
     """The window's traffic-weighted speedup; None where no batch size the window ran has an estimate measured
     against a baseline."""
-    weighed: list[tuple[int, float, float, tuple[float, float] | None]] = []
-    total = 0.0
-    for t in snap.window.step_times.times:
-        seconds = t.steps * t.mean_s + t.prefill_s
-        total += seconds
-        est = estimate(snap, batch_size=t.batch_size) if seconds > 0 else None
-        if est is not None and est.measured:
-            weighed.append((t.batch_size, seconds, est.expected_speedup, est.interval))
-    covered = sum(w for _, w, _, _ in weighed)
+    rows = _weighed(snap)
+    weighed = [(b, w, est) for b, w, est in rows if est is not None]
+    covered = sum(w for _, w, _ in weighed)
     if not weighed or covered <= 0:
         return None
-    speedup = sum(w * s for _, w, s, _ in weighed) / covered
+    speedup = sum(w * est.expected_speedup for _, w, est in weighed) / covered
     interval = None
-    if all(iv is not None for *_, iv in weighed):
-        interval = (sum(w * iv[0] for _, w, _, iv in weighed if iv) / covered,
-                    sum(w * iv[1] for _, w, _, iv in weighed if iv) / covered)
-    shares = tuple(sorted(((b, w / covered, s) for b, w, s, _ in weighed), key=lambda x: -x[1]))
-    return TrafficSpeedup(speedup, interval, shares, covered / total)
+    if all(est.interval is not None for _, _, est in weighed):
+        interval = (sum(w * est.interval[0] for _, w, est in weighed if est.interval) / covered,
+                    sum(w * est.interval[1] for _, w, est in weighed if est.interval) / covered)
+    shares = tuple(sorted(((b, w / covered, est.expected_speedup) for b, w, est in weighed), key=lambda x: -x[1]))
+    return TrafficSpeedup(speedup, interval, shares, covered / sum(w for _, w, _ in rows))
 
 
 @dataclass(frozen=True)
@@ -102,7 +110,7 @@ class Flap:
 def flapping(snap: Snapshot, schedule: list[tuple[int, int, int]]) -> Flap | None:
     """The first threshold of ``schedule`` (a change of K between ranges) within the middle half of the window's
     step time by batch size; None where every threshold lies outside it (or nothing ran)."""
-    rows = sorted((t.batch_size, t.steps * t.mean_s + t.prefill_s) for t in snap.window.step_times.times)
+    rows = [(b, w) for b, w, _ in _weighed(snap)]
     total = sum(w for _, w in rows)
     if total <= 0 or len(schedule) < 2:
         return None
@@ -125,11 +133,7 @@ def flapping(snap: Snapshot, schedule: list[tuple[int, int, int]]) -> Flap | Non
 def best_single_k(snap: Snapshot) -> tuple[int, float] | None:
     """The K > 0 whose speedup, weighed by the window's step time at each batch size with a measured estimate, is
     highest, and that speedup."""
-    weighed = []
-    for t in snap.window.step_times.times:
-        est = estimate(snap, batch_size=t.batch_size)
-        if est is not None and est.measured:
-            weighed.append((t.steps * t.mean_s + t.prefill_s, est.by_k))
+    weighed = [(w, est.by_k) for _, w, est in _weighed(snap) if est is not None]
     total = sum(w for w, _ in weighed)
     if total <= 0:
         return None
