@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,52 +39,28 @@ from benchmarks._common import write
 from specscope import codec, tiny_models
 from specscope.verdict import k_schedule, recommended_config, schedule_text, traffic_speedup
 from specscope.verdict.traffic import best_single_k, flapping
+from tests.conftest import free_port
+from tests.engine.test_server import start_server, stop
 
+ROOT = Path(__file__).resolve().parent.parent
 TOKENS = 64
 PROMPTS = tiny_models.prompts(256, seed=61)
-ENGINE = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "32",
-          "--per-request-spec-decode-metrics", "summary"]  # per-request acceptance: the interval is drawn from it
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+ENGINE = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "32"]
 
 
 def serve(target: Path, spec: dict[str, Any] | None, baseline: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """A ``vllm serve`` of ``target`` with specscope's plugin and middleware, once /health answers."""
+    """A ``vllm serve`` of ``target`` with specscope's plugin and middleware, once /health answers (the suite's
+    launcher and wait)."""
     port = free_port()
     cmd = ["timeout", "1800", sys.executable, "-m", "tests.engine.vllm_serve", "--model", str(target),
            "--middleware", "specscope.collectors.middleware.SpecscopeMiddleware", "--host", "127.0.0.1",
-           "--port", str(port), *ENGINE, *(["--speculative-config", json.dumps(spec)] if spec else [])]
+           "--port", str(port), *ENGINE,
+           # with speculation, per-request acceptance: the interval is drawn from it (vLLM refuses it without)
+           *(["--speculative-config", json.dumps(spec), "--per-request-spec-decode-metrics", "summary"]
+             if spec else [])]
     env = {**os.environ, "VLLM_PLUGINS": "specscope", "SPECSCOPE_BASELINE": str(baseline),
-           "VLLM_LOGGING_LEVEL": "WARNING"}
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                cwd=Path(__file__).resolve().parent.parent)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 400
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    proc.kill()
-    raise RuntimeError(f"server not up: {log.read_text()[-3000:]}")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+           "VLLM_LOGGING_LEVEL": "WARNING", "PYTHONPATH": str(ROOT)}
+    return start_server(cmd, env, log), f"http://127.0.0.1:{port}"
 
 
 def one(url: str, model: str, prompt: str, out: list[dict[str, float]]) -> None:
