@@ -50,7 +50,7 @@ SCENARIOS = ("tokenizer check", "baseline (no speculation)", f"good draft (layer
 #: Batch sizes shown: one request at a time, and a batch where, on a 2-core CPU, speculation stops paying.
 BATCHES = (1, 16)
 TOKENS = 96
-ENGINE = {"enforce_eager": True, "dtype": "float32", "max_model_len": 1024, "seed": 0}
+ENGINE: dict[str, Any] = {"enforce_eager": True, "dtype": "float32", "max_model_len": 1024, "seed": 0}
 
 
 class Demo:
@@ -91,7 +91,7 @@ class Demo:
     def _engine(self, name: str, family: str, k: int | None, baseline: StepProfile | None = None) -> Any:
         import specscope
 
-        spec = {} if k is None else {"speculative_config": {
+        spec: dict[str, Any] = {} if k is None else {"speculative_config": {
             "method": "draft_model", "model": str(self.models[f"{family}-draft"]), "num_speculative_tokens": k}}
         return specscope.LLM(str(self.models[f"{family}-target"]), specscope_hub=self.hubs[name],
                              specscope_baseline=baseline, **spec, **ENGINE)

@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from specscope import classes, intervals
 from specscope.model import (
+    CaptureStatus,
     ClassCounts,
     EngineInfo,
     EngineView,
@@ -207,7 +208,18 @@ def merge(snaps: Sequence[Snapshot], max_requests: int = 1000,
         classes=merged_classes,
         folded_classes=sum(s.folded_classes for s in snaps) + folded,
         processes=sum(s.processes for s in snaps),
+        capture=_add_capture([s.capture for s in snaps if s.capture is not None]),
     )
+
+
+def _add_capture(parts: list[CaptureStatus]) -> CaptureStatus | None:
+    """The processes' captures as one: counts added, the weak classes of any, a stop of any said."""
+    if not parts:
+        return None
+    return CaptureStatus(parts[0].classes, sum(p.rows for p in parts), sum(p.bytes for p in parts),
+                         sum(p.dropped_at_cap for p in parts), sum(p.dropped_behind for p in parts),
+                         tuple(sorted({c for p in parts for c in p.weak_now})),
+                         next((p.stopped for p in parts if p.stopped), None))
 
 
 def sum_known(values: Iterable[int | None]) -> int | None:

@@ -544,6 +544,25 @@ class TokenizerStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class CaptureStatus:
+    """What the opt-in capture of traffic as training data (:mod:`specscope.capture`) is doing: counts only, never
+    the captured text or where it is written."""
+
+    #: The classes captured: ``weak`` (those under the weak-draft line, named in ``weak_now``) or their names.
+    classes: str
+    rows: int = 0
+    bytes: int = 0
+    #: Rows removed at the size cap (the oldest part files go first), and rows not written because the writer fell
+    #: behind or the disk refused them.
+    dropped_at_cap: int = 0
+    dropped_behind: int = 0
+    #: The classes ``weak`` selects now.
+    weak_now: tuple[str, ...] = ()
+    #: Why capture is off (lossy verification, a full disk), where it is.
+    stopped: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Health:
     """specscope's own health: failures are counted here, never raised into the engine."""
 
@@ -712,6 +731,8 @@ class Snapshot:
     #: :data:`specscope.classes.OTHER`, and how many distinct names were folded so is ``folded_classes``.
     classes: tuple[TrafficClass, ...] = ()
     folded_classes: int = 0
+    #: The opt-in capture of traffic as training data, where it is on (counts only).
+    capture: CaptureStatus | None = None
     #: What has been derived from this snapshot (the verdict by batch size), kept with it so that every reader of
     #: one snapshot (exporters, alert rules, the dashboard's panels) computes it once. Not part of the snapshot's
     #: value: not compared, not encoded, and a ``replace`` starts empty.

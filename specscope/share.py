@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import errno
 import fcntl
 import json
 import logging
@@ -45,7 +44,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specscope import codec
+from specscope import codec, private
 from specscope.model import Snapshot
 
 if TYPE_CHECKING:
@@ -59,7 +58,6 @@ PUBLISHED_REQUESTS = 200
 SERVER_ENV = "SPECSCOPE_SERVER_SHARE_DIR"
 
 _PEER = re.compile(r"(0|[1-9][0-9]{0,5})\.json")
-_OPEN = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def name_directory() -> None:
@@ -85,7 +83,7 @@ def name_directory() -> None:
 def _remove(path: Path) -> None:
     """Remove the directory :func:`name_directory` named, if it was made and is ours."""
     with contextlib.suppress(OSError):
-        if _refusal(os.lstat(path), directory=True) is None:
+        if private.refusal(os.lstat(path), directory=True) is None:
             shutil.rmtree(path)
 
 
@@ -98,42 +96,6 @@ def default_directory() -> Path:
     return Path(path)
 
 
-def _refusal(st: os.stat_result, directory: bool = False) -> str | None:
-    """Why a file (or directory) with this ``lstat``/``fstat`` is not private to us; None if it is."""
-    if not (stat.S_ISDIR if directory else stat.S_ISREG)(st.st_mode):
-        return "not a directory" if directory else "not a regular file"
-    if st.st_uid != os.geteuid():
-        return f"owned by uid {st.st_uid}, not {os.geteuid()}"
-    if st.st_mode & 0o077:
-        return f"mode {stat.S_IMODE(st.st_mode):o} lets others in"
-    return None
-
-
-def private_directory(path: Path) -> Path:
-    """``path``, created 0700 if absent; PermissionError if it is not a private directory of ours."""
-    with contextlib.suppress(FileExistsError):
-        path.mkdir(mode=0o700, parents=True)
-    why = _refusal(os.lstat(path), directory=True)
-    if why:
-        raise PermissionError(f"share directory {path}: {why}; refused")
-    return path
-
-
-def _open_private(path: Path, flags: int) -> int:
-    """A descriptor of ``path`` (never through a symlink) if it is a regular file of ours; else PermissionError."""
-    try:
-        fd = os.open(path, flags | _OPEN, 0o600)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise PermissionError(f"{path}: a symlink; refused") from None
-        raise
-    why = _refusal(os.fstat(fd))
-    if why:
-        os.close(fd)
-        raise PermissionError(f"{path}: {why}; refused")
-    return fd
-
-
 class ProcessShare:
     """Publishes this process's snapshot and collects the other processes' (see the module docstring).
 
@@ -142,7 +104,7 @@ class ProcessShare:
     def __init__(self, local: Hub, rank: int, directory: Path | None = None, interval_s: float = 1.0,
                  processes: int | None = None) -> None:
         self._local = local
-        self.directory = private_directory(directory or default_directory())
+        self.directory = private.private_directory(directory or default_directory())
         self.rank = rank
         self._processes = processes
         self.interval_s = interval_s
@@ -163,15 +125,15 @@ class ProcessShare:
             return True
         path = self.directory / f"{role}.lock"
         try:
-            dfd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | _OPEN)
+            dfd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | private.OPEN_FLAGS)
             try:
                 fcntl.flock(dfd, fcntl.LOCK_EX)  # one process at a time checks (and replaces) the lock file
                 try:
-                    fd = _open_private(path, os.O_RDWR | os.O_CREAT)
+                    fd = private.open_private(path, os.O_RDWR | os.O_CREAT)
                 except PermissionError as exc:  # planted: never honoured, replaced by ours
                     self._count(exc)
                     os.unlink(path)
-                    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _OPEN, 0o600)
+                    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | private.OPEN_FLAGS, 0o600)
             finally:
                 os.close(dfd)
         except OSError as exc:
@@ -210,7 +172,7 @@ class ProcessShare:
         snap = self._local.local_snapshot()
         data = b"".join(codec.encode(replace(snap, requests=snap.requests[-PUBLISHED_REQUESTS:])))
         tmp = self.directory / f".{self.rank}.{secrets.token_hex(8)}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN, 0o600)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | private.OPEN_FLAGS, 0o600)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -226,7 +188,7 @@ class ProcessShare:
             raise PermissionError(f"{path}: not named <rank>.json; refused")
         if self._processes is not None and int(match[1]) >= self._processes:
             raise PermissionError(f"{path}: rank beyond the server's {self._processes} processes; refused")
-        with os.fdopen(_open_private(path, os.O_RDONLY), "rb") as f:
+        with os.fdopen(private.open_private(path, os.O_RDONLY), "rb") as f:
             data = f.read()
         try:
             return codec.from_dict(json.loads(data))

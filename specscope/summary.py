@@ -30,6 +30,21 @@ def part_line(snap: Snapshot, brief: bool = False) -> str | None:
     return f"{part}: these numbers are {'its' if snap.processes == 1 else 'theirs'}, not the server's totals"
 
 
+def capture_line(snap: Snapshot) -> str | None:
+    """What the capture of traffic as training data is doing (counts only); None where it is off."""
+    c = snap.capture
+    if c is None:
+        return None
+    if c.stopped:
+        return f"capture stopped: {c.stopped}"
+    chosen = c.classes + (f" (now {', '.join(c.weak_now)})" if "weak" in c.classes.split(", ") and c.weak_now
+                          else " (none now)" if "weak" in c.classes.split(", ") else "")
+    dropped = [f"{n} {why}" for n, why in ((c.dropped_at_cap, "at the size cap"), (c.dropped_behind, "behind"))
+               if n]
+    return (f"capture on: classes {chosen}; {c.rows} rows, {c.bytes / 1e6:.1f} MB kept"
+            f"{'; dropped ' + ', '.join(dropped) if dropped else ''}")
+
+
 def summary(snap: Snapshot) -> str:
     """Engine, speculative decoding (window and lifetime), KV cache and GPU memory, one topic a line."""
     e = snap.engine
@@ -64,6 +79,9 @@ def summary(snap: Snapshot) -> str:
         lines.append("classes  " + "  ".join(f"{c.name} {percent(c.window.acceptance_rate)} ({c.window.requests} req)"
                                              for c in drafting)
                      + (f"  (+{snap.folded_classes} folded into other)" if snap.folded_classes else ""))
+    capture = capture_line(snap)
+    if capture:
+        lines.append(capture)
     if snap.baseline_problem:
         lines.append(f"baseline refused: {snap.baseline_problem}")
     if snap.tokenizer is not None:

@@ -11,12 +11,14 @@ them. :func:`instrument` attaches the same recording to an engine created elsewh
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import vllm
 from vllm.v1.engine.async_llm import AsyncLLM as _VllmAsyncLLM
 
+from specscope.capture import CaptureConfig, chat_messages
 from specscope.collectors import vllm_hook
 from specscope.collectors.vllm_engine import (
     check_tokenizers,
@@ -24,6 +26,7 @@ from specscope.collectors.vllm_engine import (
     instrument,
     prepare_async_llm,
     prepare_llm_kwargs,
+    start_capture,
     traffic_class,
     uninstrument,
 )
@@ -41,12 +44,18 @@ class LLM(vllm.LLM):
     ``specscope_baseline``: the target's step times without speculation (a file written by ``specscope
     calibrate``, or a :class:`~specscope.model.StepProfile`), which makes the speedup estimate measured. For
     draft-model speculation the two tokenizers are compared first (:mod:`specscope.tokenizer_check`).
+    ``specscope_capture`` turns on the capture of chosen traffic as draft training data (:mod:`specscope.capture`:
+    a private directory, or a mapping of ``directory``, ``classes``, ``rate``, ``max_bytes``, or a
+    :class:`~specscope.capture.CaptureConfig`; ValueError, before the engine starts, where it cannot be used).
     ``generate`` and ``chat`` take ``specscope_class``: the traffic class of the call's requests (acceptance is
     shown per class; a label of :mod:`specscope.classes`' safe characters, ValueError otherwise).
     """
 
     def __init__(self, model: str, *, specscope_hub: Hub | None = None,
-                 specscope_baseline: str | Path | StepProfile | None = None, **kwargs: Any) -> None:
+                 specscope_baseline: str | Path | StepProfile | None = None,
+                 specscope_capture: CaptureConfig | str | Path | Mapping[str, Any] | None = None,
+                 **kwargs: Any) -> None:
+        capture = None if specscope_capture is None else CaptureConfig.of(specscope_capture).checked()
         hub = engine_hub(specscope_hub)
         if specscope_baseline is not None:
             from specscope.verdict import load_profile
@@ -57,6 +66,8 @@ class LLM(vllm.LLM):
         keep_vllm_loggers = prepare_llm_kwargs(kwargs)
         super().__init__(model, **kwargs)
         self.specscope: Hub = instrument(self, hub, keep_vllm_loggers=keep_vllm_loggers)
+        if capture is not None:
+            start_capture(self.specscope, capture, self.llm_engine.vllm_config)
 
     def generate(self, *args: Any, specscope_class: str | None = None, **kwargs: Any) -> Any:
         """``vllm.LLM.generate``; its requests are of traffic class ``specscope_class`` where given."""
@@ -66,15 +77,27 @@ class LLM(vllm.LLM):
     def chat(self, *args: Any, specscope_class: str | None = None, **kwargs: Any) -> Any:
         """``vllm.LLM.chat``; its requests are recorded as GenAI ``chat`` operations (of ``specscope_class``)."""
         token = vllm_hook.OPERATION.set("chat")
+        noted = vllm_hook.MESSAGES.set(_conversations(args[0] if args else kwargs.get("messages"))
+                                       if self.specscope.capture is not None else None)
         try:
             with traffic_class(specscope_class):
                 return super().chat(*args, **kwargs)
         finally:
+            vllm_hook.MESSAGES.reset(noted)
             vllm_hook.OPERATION.reset(token)
 
     def snapshot(self) -> Snapshot:
         """The hub's current snapshot."""
         return self.specscope.snapshot()
+
+
+def _conversations(messages: Any) -> Iterator[tuple[tuple[str, str], ...] | bytes | None]:
+    """Each conversation of ``LLM.chat``'s ``messages`` (one, or a list of them) as ``(role, text)`` pairs, in the
+    order vLLM adds their requests (None for one it cannot be read from)."""
+    if not messages:
+        return iter(())
+    many = isinstance(messages[0], (list, tuple))
+    return iter([chat_messages(m) for m in (messages if many else [messages])])
 
 
 class AsyncLLM(_VllmAsyncLLM):

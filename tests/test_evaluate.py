@@ -94,6 +94,33 @@ def test_a_file_sorted_by_class_is_measured_on_every_class_from_its_first_prompt
         [p.text for p in prompts[:30]]  # each class keeps its file order
 
 
+def test_a_captured_file_is_read_as_it_is_with_its_classes(tmp_path: Path) -> None:
+    """The rows :mod:`specscope.capture` writes: the prompt tokens as the target saw them and the served length,
+    the class kept; a row of conversations only (another writer's) by its turns before the answer."""
+    from specscope.capture import Payload, row
+    from specscope.model import RequestRecord
+
+    rec = RequestRecord("r", 1, 0.0, accepted_tokens=3, draft_tokens=8)
+    captured = [row(rec, "hard", Payload("p", [4, 5, 6], [9, 9], "out", None, None), "m"),
+                row(rec, "prompt:<256", Payload("q", [7], [9, 9, 9], "out", (("user", "q"),), None), "m"),
+                {"conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": "hi"},
+                                   {"from": "gpt", "value": "hello"}], "class": "chat"}]
+    prompts, _ = workload.load_prompts(str(write(tmp_path / "captured.jsonl", captured)))
+    assert prompts == [Prompt(traffic_class="hard", max_tokens=2, token_ids=(4, 5, 6)),
+                       Prompt(traffic_class="prompt:<256", max_tokens=3, token_ids=(7,)),
+                       Prompt(messages=(("system", "s"), ("user", "hi")), traffic_class="chat")]
+    work = workload.prepare(prompts, FakeTokenizer(), max_model_len=100, default_max_tokens=8)
+    assert {tuple(p["prompt_token_ids"]) for p in work.prompts} >= {(4, 5, 6), (7,)}
+    assert sorted(work.max_tokens) == [2, 3, 8] and set(work.classes) == {"hard", "prompt:<256", "chat"}
+    for bad, why in (({"input_ids": [1, 2], "loss_mask": [0, 0]}, "the completion"),
+                     ({"input_ids": [1], "loss_mask": [1]}, "no prompt"),
+                     ({"conversations": [{"from": "gpt", "value": "x"}]}, "no turn before"),
+                     ({"conversations": "x"}, "must be a list"),
+                     ({"input_ids": [1, 2], "loss_mask": [0, 1], "secret": 1}, "unknown field 'secret'")):
+        with pytest.raises(InputError, match=why):
+            workload.load_prompts(str(write(tmp_path / "bad.jsonl", [bad])))
+
+
 def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     try:
         code = cli.main(["evaluate", *args])

@@ -27,7 +27,7 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -163,12 +163,19 @@ class SpecscopeMiddleware:
             return
         cls = self._traffic_class(scope)
         token = vllm_hook.TRAFFIC_CLASS.set(cls)  # the hook notes it as vLLM adds the request, in this context
+        if self.hub.capture is not None and path == "/v1/chat/completions":
+            receive, body = _kept(receive)  # the messages, for the capture: read on its thread, not here
+            noted = vllm_hook.MESSAGES.set(_once(body))
+        else:
+            noted = None
         try:
             if self.join:
                 await self._joined(scope, receive, send, cls)
             else:
                 await self.app(scope, receive, send)
         finally:
+            if noted is not None:
+                vllm_hook.MESSAGES.reset(noted)
             vllm_hook.TRAFFIC_CLASS.reset(token)
 
     def _traffic_class(self, scope: Scope) -> str | None:
@@ -239,6 +246,24 @@ class SpecscopeMiddleware:
             await asyncio.sleep(0)  # the event loop runs between pieces
             await send({"type": "http.response.body", "body": piece, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
+
+
+def _kept(receive: Receive) -> tuple[Receive, bytearray]:
+    """``receive`` that also keeps the request's body (up to :data:`MAX_BODY`), and the body it keeps."""
+    body = bytearray()
+
+    async def kept() -> Message:
+        message = await receive()
+        if message.get("type") == "http.request" and len(body) <= MAX_BODY:
+            body.extend(message.get("body", b""))
+        return message
+
+    return kept, body
+
+
+def _once(body: bytearray) -> Iterator[bytes | None]:
+    """The request's body, once, as vLLM adds its request (by then vLLM has read it all)."""
+    yield bytes(body) if 0 < len(body) <= MAX_BODY else None
 
 
 async def _respond(send: Send, status: int, body: bytes) -> None:

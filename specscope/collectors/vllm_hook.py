@@ -23,18 +23,20 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
-from specscope import classes
+from specscope import capture, classes
+from specscope.capture import Payload
 
 log = logging.getLogger("specscope")
 
 #: The attribute set on vLLM's ``FinishedRequestStats``: an :class:`Extras`.
 ATTRIBUTE = "specscope"
 #: What was noted of requests added and not yet finished, by vLLM's external request id (bounded: oldest out):
-#: ``(trace context carrier or None, traffic class or None)``.
-_ADDED: OrderedDict[str, tuple[dict[str, str] | None, str | None]] = OrderedDict()
+#: ``(trace context carrier or None, traffic class or None, chat messages or None)``.
+_ADDED: OrderedDict[str, tuple[dict[str, str] | None, str | None, tuple[tuple[str, str], ...] | bytes | None]] = \
+    OrderedDict()
 _MAX_ADDED = 4096
 #: The context of the span vLLM's ``do_tracing`` made on this thread (noted by :func:`_span_processor`'s).
 _local = threading.local()
@@ -44,6 +46,10 @@ OPERATION: contextvars.ContextVar[str | None] = contextvars.ContextVar("specscop
 #: The traffic class of the requests added in this context: the middleware's, from the request's headers, or an
 #: offline ``specscope.LLM.generate(..., specscope_class=...)``'s. Unset: the served LoRA adapter's name, if any.
 TRAFFIC_CLASS: contextvars.ContextVar[str | None] = contextvars.ContextVar("specscope_traffic_class", default=None)
+#: The chat messages of the requests added in this context, in the order they are added (``specscope.LLM.chat``'s
+#: conversations, a served chat request's), noted only while a capture runs (:mod:`specscope.capture`).
+MESSAGES: contextvars.ContextVar[Iterator[tuple[tuple[str, str], ...] | bytes | None] | None] = contextvars.ContextVar(
+    "specscope_messages", default=None)
 
 
 class Extras(NamedTuple):
@@ -59,6 +65,8 @@ class Extras(NamedTuple):
     #: vLLM's own ``llm_request`` span, as a ``traceparent``.
     vllm_span: str | None
     traffic_class: str | None
+    #: The request's prompt and completion, kept only while a capture runs (:class:`specscope.capture.Payload`).
+    payload: Payload | None = None
 
 _lock = threading.Lock()
 _installed: bool | None = None
@@ -140,10 +148,12 @@ def _remember(request_id: Any, kwargs: dict[str, Any]) -> None:
     try:
         carrier = trace_carrier(kwargs.get("trace_headers"))
         cls = traffic_class(kwargs.get("lora_request"))
-        if carrier is None and cls is None:
+        conversations = MESSAGES.get() if capture.active else None
+        messages = next(conversations, None) if conversations is not None else None
+        if carrier is None and cls is None and messages is None:
             return
         with _lock:
-            _ADDED[str(request_id)] = (carrier, cls)
+            _ADDED[str(request_id)] = (carrier, cls, messages)
             while len(_ADDED) > _MAX_ADDED:
                 _ADDED.popitem(last=False)
     except Exception:
@@ -248,12 +258,17 @@ def _install() -> bool:
             index = req_state.request_index if req_state.parent_req is not None else None
             stats = req_state.stats
             with _lock:
-                carrier, cls = _ADDED.get(req_state.external_req_id) or (None, None)
+                carrier, cls, messages = _ADDED.get(req_state.external_req_id) or (None, None, None)
                 if req_state.parent_req is None:
                     _ADDED.pop(req_state.external_req_id, None)
+            payload = None
+            if capture.active and req_state.detokenizer is not None:
+                detok = req_state.detokenizer
+                payload = Payload(req_state.prompt, req_state.prompt_token_ids, detok.output_token_ids,
+                                  getattr(detok, "output_text", None), messages, getattr(self, "tokenizer", None))
             setattr(finished, ATTRIBUTE, Extras(index, req_state.spec_decode_metrics,
                                                 getattr(stats, "first_token_latency", None) if stats else None,
-                                                carrier, None, cls))
+                                                carrier, None, cls, payload))
         except Exception:  # vLLM moved something: that request's extras are lost, nothing else
             global failures
             failures += 1

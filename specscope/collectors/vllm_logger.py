@@ -98,6 +98,7 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
 
             gpu_source.attach(self.hub)
             _share_once(self.hub, vllm_config)
+            _capture_once(self.hub, vllm_config)
             _start_exports_once(self.hub)
 
     @classmethod
@@ -152,6 +153,8 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
                     fin.fields["engine"] = engine
                     if operation:
                         fin.fields["operation"] = operation
+                    if fin.payload is not None and hub.capture is not None:
+                        hub.capture.hold(fin.request_id, fin.payload)
                     parts.append((now, fin.request_id, fin.fields, fin.per_step))
             if parts:
                 hub.requests.record_finished(parts)
@@ -235,6 +238,23 @@ def _share_once(hub: Hub, vllm_config: Any) -> None:
     par = getattr(vllm_config, "parallel_config", None)
     _lead = share.join(hub, max(0, int(getattr(par, "_api_process_rank", 0) or 0)),
                        int(getattr(par, "_api_process_count", 1) or 1))
+
+
+def _capture_once(hub: Hub, vllm_config: Any) -> None:
+    """Capture the traffic ``SPECSCOPE_CAPTURE_*`` chooses as training rows (:mod:`specscope.capture`), once per
+    process; a setting that cannot be used is said in one line, and the server runs without capture."""
+    if hub.capture is not None:
+        return
+    from specscope.capture import CaptureConfig, CaptureError
+    from specscope.collectors.vllm_engine import start_capture
+
+    try:
+        config = CaptureConfig.from_env()
+        if config is not None:
+            start_capture(hub, config.checked(), vllm_config)
+    except CaptureError as exc:
+        log.error("specscope: capture is off: %s", exc)
+        hub.health.count_error("capture", exc)
 
 
 def _start_exports_once(hub: Hub) -> None:

@@ -365,6 +365,8 @@ class Finished(NamedTuple):
     per_step: tuple[Sequence[int], Sequence[int]] | None = None
     #: Whether the speculative numbers came with it (through the output-processor hook).
     complete: bool = False
+    #: Its prompt and completion, where a capture runs (:mod:`specscope.capture`).
+    payload: Any = None
 
 
 def finished_requests(iteration_stats: Any) -> list[Finished]:
@@ -402,7 +404,8 @@ def finished_requests(iteration_stats: Any) -> list[Finished]:
         if extra.spec_metrics is not None:
             spec, per_step = _spec(extra.spec_metrics)
             fields.update(spec)
-        out.append(Finished(str(rid) if extra.child is None else f"{rid}#{extra.child}", fields, per_step, True))
+        out.append(Finished(str(rid) if extra.child is None else f"{rid}#{extra.child}", fields, per_step, True,
+                            extra.payload))
     return out
 
 

@@ -13,6 +13,8 @@ from specscope import classes
 
 #: The fields of a line of a prompts file.
 FIELDS = ("prompt", "messages", "class", "max_tokens")
+#: The fields of a row specscope's capture writes (:mod:`specscope.capture`), read as its prompt, class and length.
+CAPTURED = ("conversations", "input_ids", "loss_mask", "class", "acceptance", "model", "finish_reason")
 
 
 class InputError(ValueError):
@@ -28,11 +30,14 @@ class Prompt:
     messages: tuple[tuple[str, str], ...] | None = None
     traffic_class: str | None = None
     max_tokens: int | None = None
+    #: The prompt's token ids as the target saw them (a captured row).
+    token_ids: tuple[int, ...] | None = None
 
 
 def load_prompts(path: str) -> tuple[list[Prompt], int]:
-    """The prompts of a JSON-lines file (``prompt`` or ``messages``, optional ``class`` and ``max_tokens``) or of
-    ShareGPT JSON (each conversation's first human turn), and how many conversations had no human turn to take."""
+    """The prompts of a JSON-lines file (``prompt`` or ``messages``, optional ``class`` and ``max_tokens``; or the
+    rows :mod:`specscope.capture` writes: their prompt tokens, class and served length) or of ShareGPT JSON (each
+    conversation's first human turn), and how many conversations had no human turn to take."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
@@ -77,6 +82,8 @@ def _line(where: str, line: str) -> Prompt:
         raise InputError(f"{where}: not JSON ({getattr(exc, 'msg', exc)})") from None
     if not isinstance(d, dict):
         raise InputError(f"{where}: not a JSON object")
+    if "input_ids" in d or "conversations" in d:
+        return _captured(where, d)
     unknown = sorted(set(d) - set(FIELDS))
     if unknown:
         raise InputError(f"{where}: unknown field {unknown[0]!r} (fields: {', '.join(FIELDS)})")
@@ -93,16 +100,48 @@ def _line(where: str, line: str) -> Prompt:
             raise InputError(f"{where}: \"messages\" must be a non-empty list of {{\"role\": ..., \"content\": ...}} "
                              "with string values")
         messages = tuple((m["role"], m["content"]) for m in raw)
-    cls = None
-    if "class" in d:
-        cls = classes.clean(d["class"])
-        if cls is None:
-            raise InputError(f"{where}: class {str(d['class'])[:60]!r} is not a class name: up to "
-                             f"{classes.MAX_LENGTH} letters, digits and _.:/+- (starting with a letter or digit)")
     n = d.get("max_tokens")
     if "max_tokens" in d and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
         raise InputError(f"{where}: \"max_tokens\" must be a positive integer")
-    return Prompt(text, messages, cls, n)
+    return Prompt(text, messages, _class(where, d), n)
+
+
+def _class(where: str, d: dict[str, Any]) -> str | None:
+    if d.get("class") is None:
+        return None
+    cls = classes.clean(d["class"])
+    if cls is None and d["class"] not in classes.PROMPT_BUCKETS:
+        raise InputError(f"{where}: class {str(d['class'])[:60]!r} is not a class name: up to "
+                         f"{classes.MAX_LENGTH} letters, digits and _.:/+- (starting with a letter or digit)")
+    return cls or str(d["class"])
+
+
+def _captured(where: str, d: dict[str, Any]) -> Prompt:
+    """A captured row: its prompt tokens (``input_ids`` where ``loss_mask`` is 0) and served length (where it is
+    1), else its conversation up to the last assistant turn; its class."""
+    unknown = sorted(set(d) - set(CAPTURED))
+    if unknown:
+        raise InputError(f"{where}: unknown field {unknown[0]!r} in a captured row (fields: {', '.join(CAPTURED)})")
+    ids, mask = d.get("input_ids"), d.get("loss_mask")
+    if ids is not None:
+        if not (isinstance(ids, list) and isinstance(mask, list) and len(ids) == len(mask) and 1 in mask
+                and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
+            raise InputError(f"{where}: \"input_ids\" and \"loss_mask\" must be lists of the same length, the mask "
+                             "1 on the completion")
+        start = mask.index(1)
+        if not start:
+            raise InputError(f"{where}: the row has no prompt (its loss_mask is 1 from the first token)")
+        return Prompt(traffic_class=_class(where, d), max_tokens=len(mask) - start, token_ids=tuple(ids[:start]))
+    turns = d["conversations"]
+    if not isinstance(turns, list) or not all(isinstance(t, dict) and isinstance(t.get("value"), str) for t in turns):
+        raise InputError(f"{where}: \"conversations\" must be a list of {{\"from\": ..., \"value\": ...}}")
+    roles = [str(t.get("from") or t.get("role")) for t in turns]
+    last = max((i for i, r in enumerate(roles) if r in ("assistant", "gpt")), default=len(turns))
+    if not last:
+        raise InputError(f"{where}: the conversation has no turn before its answer")
+    messages = tuple(({"human": "user", "gpt": "assistant"}.get(r, r), t["value"])
+                     for r, t in zip(roles[:last], turns[:last], strict=True))
+    return Prompt(messages=messages, traffic_class=_class(where, d))
 
 
 @dataclass(frozen=True)
@@ -126,7 +165,9 @@ def prepare(prompts: Sequence[Prompt], tokenizer: Any, max_model_len: int, defau
     lengths: list[int] = []
     labels: list[str | None] = []
     for p in _interleaved(prompts):
-        if p.messages is not None:
+        if p.token_ids is not None:
+            ids = list(p.token_ids)
+        elif p.messages is not None:
             try:
                 text = tokenizer.apply_chat_template([{"role": r, "content": c} for r, c in p.messages],
                                                      tokenize=False, add_generation_prompt=True)

@@ -15,7 +15,7 @@ from specscope.alerts.evaluate import Alert
 from specscope.fleet import Target
 from specscope.memory import draft_kv_cost
 from specscope.model import RequestRecord, Snapshot, TrafficClass
-from specscope.summary import part_line, percent
+from specscope.summary import capture_line, part_line, percent
 from specscope.verdict import (
     by_batch_size,
     class_speedup,
@@ -94,6 +94,9 @@ def header(targets: list[Target], current: Target, window_s: float, status: str,
         t.append(f" fleet {len(targets)}, {down} down")
     if part and not compact:
         t.append(f"\n{part}", style="bold red")
+    capture = capture_line(snap) if snap is not None else None
+    if capture:
+        t.append(f"\n{capture}", style="yellow" if snap is not None and snap.capture and snap.capture.stopped else "")
     problem = health_line(current)
     if problem:
         t.append(f"\n{problem}", style="bold red")

@@ -10,12 +10,14 @@ own.
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from specscope import Hub, tiny_models
+from specscope import Hub, codec, tiny_models
 from specscope.collectors import vllm_reader
 from tests.conftest import ENGINE_KW, greedy, shutdown
 
@@ -35,8 +37,39 @@ def vllm_counts(outputs: list[Any]) -> list[tuple[int, int]]:
     return out
 
 
-def test_a_class_the_draft_fails_on_alerts_while_the_engine_looks_healthy(tiny: dict[str, Path],
-                                                                          engines: Any) -> None:
+def captured_while_weak(llm: Any, hard: list[str], directory: Path) -> None:
+    """Capture of the weak class (``specscope_capture``, classes ``weak``): once the hard class is under the line,
+    its requests are written as training rows, every sample of ``n > 1`` and chats with their messages; the easy
+    class is not."""
+    from vllm import SamplingParams
+
+    time.sleep(1.1)  # the weak classes are read again from the window at most once a second
+    samples = llm.generate(hard, SamplingParams(n=2, temperature=0.8, seed=3, max_tokens=TOKENS),
+                           use_tqdm=False, specscope_class="hard")
+    chat = [{"role": "system", "content": "answer"}, {"role": "user", "content": hard[0]}]
+    chatted = llm.chat(chat, greedy(TOKENS), use_tqdm=False, specscope_class="hard")
+    llm.generate(hard[:1], greedy(TOKENS), use_tqdm=False, specscope_class="easy")
+    llm.specscope.wait_idle()
+    llm.specscope.capture.close()
+    rows = [json.loads(line) for f in sorted(directory.glob("*.jsonl")) for line in f.read_text().splitlines()]
+    assert {r["class"] for r in rows} == {"hard"} and len(rows) == 2 * len(hard) + 1, len(rows)
+    served = {(tuple(o.prompt_token_ids), tuple(c.token_ids), c.text) for o in samples + chatted for c in o.outputs}
+    got = {(tuple(i for i, m in zip(r["input_ids"], r["loss_mask"], strict=True) if not m),
+            tuple(i for i, m in zip(r["input_ids"], r["loss_mask"], strict=True) if m),
+            r["conversations"][-1]["value"]) for r in rows}
+    assert got == served  # the target's own tokens and text, each sample of n = 2 a row of its own
+    chat_rows = [r for r in rows if r["conversations"][0]["from"] == "system"]
+    assert [t["value"] for t in chat_rows[0]["conversations"][:2]] == ["answer", hard[0]] and len(chat_rows) == 1
+    assert all(0 <= r["acceptance"] <= 1 and r["model"] == llm.snapshot().engine.model for r in rows)
+    status = llm.snapshot().capture
+    assert status is not None and status.rows == len(rows) and status.weak_now == ("hard",)
+    doc = json.dumps(codec.to_dict(llm.snapshot()))  # what the endpoint, the share files and records carry
+    texts = [r["conversations"][-1]["value"] for r in rows]
+    assert hard[0] not in doc and not any(len(t) > 20 and t in doc for t in texts)
+
+
+def test_a_class_the_draft_fails_on_alerts_while_the_engine_looks_healthy(tiny: dict[str, Path], engines: Any,
+                                                                          tmp_path: Path) -> None:
     import specscope
     from specscope.alerts.evaluate import Evaluator
     from specscope.alerts.rules import Thresholds
@@ -44,7 +77,8 @@ def test_a_class_the_draft_fails_on_alerts_while_the_engine_looks_healthy(tiny: 
     engines.close()
     llm = specscope.LLM(str(tiny["target"]), specscope_hub=Hub(), **ENGINE_KW,
                         speculative_config={"method": "draft_model", "model": str(tiny["noise10"]),
-                                            "num_speculative_tokens": 4})
+                                            "num_speculative_tokens": 4},
+                        specscope_capture={"directory": tmp_path / "capture", "classes": "weak"})
     try:
         easy, hard = tiny_models.split_by_acceptance(llm, PROMPTS, TOKENS)
         assert len(hard) >= 2, "the draft's acceptance does not vary enough by prompt here"
@@ -74,5 +108,6 @@ def test_a_class_the_draft_fails_on_alerts_while_the_engine_looks_healthy(tiny: 
         assert ("SpecscopeWeakDraftForClass", "hard") in firing, firing
         assert not any(r == "SpecscopeWeakDraftForClass" and c != "hard" for r, c in firing), firing
         assert not any(r == "SpecscopeWeakDraft" for r, _ in firing), firing
+        captured_while_weak(llm, hard, tmp_path / "capture")
     finally:
         shutdown(llm)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import stat
 import subprocess
 import sys
 import time
@@ -81,11 +82,17 @@ def receiver() -> Iterator[HttpReceiver]:
     r.close()
 
 
+#: Where the server captures its ``streamer`` and ``chat/support`` requests as training rows.
+CAPTURED = Path()
+
+
 @pytest.fixture(scope="module")
 def server(tiny: Any, engines: Any, tmp_path_factory: Any, receiver: HttpReceiver) -> Iterator[tuple[str, int]]:
     engines.close()  # two cores: no other engine alongside the server
+    global CAPTURED
     port = free_port()
     root = tmp_path_factory.mktemp("server")
+    CAPTURED = root / "capture"
     baseline = root / "baseline.json"
     baseline.write_text(json.dumps({"model": "tiny", "step_times": [{"batch_size": 1, "steps": 50, "mean_s": 0.004}]}))
     env = {**os.environ, **hf_cache(root / "hf", {TARGET: tiny["target"], DRAFT: tiny["noise10"]}),
@@ -93,7 +100,9 @@ def server(tiny: Any, engines: Any, tmp_path_factory: Any, receiver: HttpReceive
            "SPECSCOPE_BASELINE": str(baseline),
            # specscope's OTLP export, and vLLM's own request spans, to the same collector; spans sent promptly.
            "SPECSCOPE_OTLP": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "200",
-           "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "SPECSCOPE_CLASS_HEADER": "X-Tenant"}
+           "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "SPECSCOPE_CLASS_HEADER": "X-Tenant",
+           # capture of two classes as training data (test_each_request_s_traffic_class_comes_from_its_headers)
+           "SPECSCOPE_CAPTURE_DIR": str(CAPTURED), "SPECSCOPE_CAPTURE_CLASSES": "streamer,chat/support"}
     spec = {"method": "draft_model", "model": DRAFT, "num_speculative_tokens": 4}
     proc = start_server(server_command(TARGET, spec, port, "--api-key", KEY, "--otlp-traces-endpoint",
                                        f"{receiver.endpoint}/v1/traces"), env, root / "server.log")
@@ -337,4 +346,25 @@ def test_each_request_s_traffic_class_comes_from_its_headers(server: tuple[str, 
     assert {rid: r["traffic_class"] for rid, r in recs.items()} == sent
     unlabelled = next(r for rid, r in recs.items() if sent[rid] is None)
     assert unlabelled["prompt_tokens"] < 256  # its class is its prompt-length bucket, prompt:<256
+    # The two captured classes' requests are training rows (SPECSCOPE_CAPTURE_CLASSES), private, the stream's text
+    # and the chat's messages as served; the snapshot counts them and carries none of their text.
+    deadline = time.monotonic() + 20
+    while len(rows := [json.loads(line) for f in CAPTURED.glob("*.jsonl") for line in f.read_text().splitlines()]) < 2:
+        assert time.monotonic() < deadline, rows
+        time.sleep(0.5)
+    by_class = {r["class"]: r for r in rows}
+    assert len(rows) == 2 and set(by_class) == {"streamer", "chat/support"}
+    streamed_text = "".join(c["choices"][0]["text"] for c in streamed if c["choices"])
+    assert by_class["streamer"]["conversations"] == [{"from": "user", "value": "light garden"},
+                                                     {"from": "assistant", "value": streamed_text}]
+    answer = chat["choices"][0]["message"]["content"]
+    assert by_class["chat/support"]["conversations"] == [{"from": "user", "value": "stone river"},
+                                                         {"from": "assistant", "value": answer}]
+    served = snapshot(url)["engine"]["model"]  # the engine's name for its model (here the hub id's local snapshot)
+    assert all(sum(r["loss_mask"]) == 16 and r["model"] == served for r in rows)
+    assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in CAPTURED.glob("*.jsonl"))
+    assert stat.S_IMODE(CAPTURED.stat().st_mode) == 0o700
+    doc = snapshot(url)
+    assert doc["capture"]["rows"] == 2 and doc["capture"]["classes"] == "streamer, chat/support"
+    assert streamed_text not in json.dumps(doc)
 

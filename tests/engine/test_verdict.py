@@ -224,8 +224,11 @@ def test_advice_with_a_k0_range_is_a_fixed_point(tiny: dict[str, Path], plain: A
                                              "num_speculative_tokens": 1,
                                              "num_speculative_tokens_per_batch_size": applied})
     try:
-        for b in (1, 16):  # 20 decode steps or more at 16 on a slow day
-            steady_throughput(spec, b, 5.0, PROMPTS, 64)
+        steady_throughput(spec, 1, 5.0, PROMPTS, 64)
+        for _ in range(3):  # 20 decode steps or more at 16, however busy the machine is
+            steady_throughput(spec, 16, 5.0, PROMPTS, 64)
+            if spec.snapshot().lifetime.step_times.get(16, 20) is not None:
+                break
         snap = spec.snapshot()
     finally:
         shutdown(spec)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -175,6 +176,34 @@ async def test_source_loss_and_recovery() -> None:
             app.poll_now()
             app.refresh_view()
             assert "source ok" in str(app.query_one("#header").render())
+
+
+async def test_capture_shows_its_classes_and_counts_never_its_text(tmp_path: Path) -> None:
+    """Capture on (``SPECSCOPE_CAPTURE_*``): the header says for which classes, which are weak now, and how many
+    rows and bytes it kept; read from a server's snapshot, which carries the counts and nothing captured."""
+    from specscope.capture import Capture, CaptureConfig, Payload
+
+    hub = busy_hub(Clock())
+    cap = Capture(CaptureConfig(tmp_path, ("weak", "code")), hub)
+    cap.hold("captured", Payload("secret prompt", [1, 2], [3, 4], "secret completion", None, None))
+    hub.requests.record("captured", traffic_class="code", prompt_tokens=2, generation_tokens=2)
+    assert hub.requests.wait_idle(5)
+    cap.close()
+
+    def handle(req: Any) -> None:
+        reply(req, 200, json.dumps(codec.to_dict(hub.snapshot())).encode())
+
+    with http_server(handle) as url:
+        app = TopApp([Target(EndpointSource(url, timeout=0.5))], interval=0)
+        async with app.run_test(size=(120, 40)) as pilot:
+            app.poll_now()
+            app.refresh_view()
+            await pilot.pause()
+            header = str(app.query_one("#header").render())
+            line = next(x for x in header.splitlines() if x.startswith("capture"))
+            size = (tmp_path / next(p.name for p in tmp_path.iterdir())).stat().st_size
+            assert line == f"capture on: classes weak, code (none now); 1 rows, {size / 1e6:.1f} MB kept"
+            assert "secret" not in header
 
 
 async def test_an_api_server_that_cannot_share_shows_1_of_n(monkeypatch: pytest.MonkeyPatch) -> None:
