@@ -11,6 +11,9 @@ own.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -66,6 +69,25 @@ def captured_while_weak(llm: Any, hard: list[str], directory: Path) -> None:
     doc = json.dumps(codec.to_dict(llm.snapshot()))  # what the endpoint, the share files and records carry
     texts = [r["conversations"][-1]["value"] for r in rows]
     assert hard[0] not in doc and not any(len(t) > 20 and t in doc for t in texts)
+    read_by_speculators(directory, rows, llm.llm_engine.vllm_config.model_config.tokenizer)
+
+
+def read_by_speculators(directory: Path, rows: list[dict[str, Any]], tokenizer: str) -> None:
+    """The reader that will train on the file: vllm-project/speculators' own data preparation (``speculators
+    prepare-data``, offline, no server: the rows' exact token ids are used as they are) reads every captured row,
+    training on the completion's tokens and on nothing else."""
+    import datasets
+
+    out = directory.parent / "speculators"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    r = subprocess.run([str(Path(sys.executable).parent / "speculators"), "prepare-data", "--model", tokenizer,
+                        "--data", str(directory), "--output", str(out), "--seq-length", "512",
+                        "--num-preprocessing-workers", "1"], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    prepared = datasets.load_from_disk(str(out)).with_format(None)
+    assert sorted((tuple(x["input_ids"]), tuple(x["loss_mask"])) for x in prepared) == sorted(
+        (tuple(x["input_ids"]), tuple(x["loss_mask"])) for x in rows)
+    assert sum(x["seq_len"] for x in prepared) == sum(len(x["input_ids"]) for x in rows)
 
 
 def test_a_class_the_draft_fails_on_alerts_while_the_engine_looks_healthy(tiny: dict[str, Path], engines: Any,
