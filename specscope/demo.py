@@ -73,6 +73,9 @@ class Demo:
         self._close(plain)
         self.weak_draft(baseline)
         self.traffic_classes()
+        from specscope.measure import wait_stopped
+
+        wait_stopped()
         self.say("done: every scenario ran. Keys: tab/enter to pick an engine in the fleet, ? for help, q to quit")
 
     def tokenizer_check(self) -> None:
@@ -104,7 +107,9 @@ class Demo:
 
     @staticmethod
     def _close(llm: Any) -> None:
-        llm.llm_engine.engine_core.shutdown()
+        from specscope.measure import stop_engine
+
+        stop_engine(llm)
 
     def baseline(self) -> tuple[Any, StepProfile]:
         from specscope.measure import measure_step_times

@@ -3,7 +3,9 @@ writes) and its output tokens/s with the batch held full (what the verdict's spe
 
 from __future__ import annotations
 
+import contextlib
 import statistics
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -89,6 +91,39 @@ def _contrast(llm: Any, reference: Sequence[Any], tokens: int, batch: int) -> li
                             add_special_tokens=False)
     body = (unit * (long // max(1, len(unit)) + 1))[:long]
     return [{"prompt_token_ids": tokenizer.encode(f"{i}:", add_special_tokens=False)[:4] + body} for i in range(64)]
+
+
+_stopping: list[threading.Thread] = []
+
+
+def stop_engine(llm: Any) -> None:
+    """Stop an engine's processes (``vllm.LLM``, ``LLMEngine`` or ``AsyncLLM``); never raises. On a CPU their exit,
+    seconds of the processes waiting on each other, goes on in the background while the caller starts the next
+    engine: that one allocates its KV cache only once its own worker process is up (~10 s here), when the old one
+    is gone. On a GPU it waits: the next engine sizes its memory from what is free. :func:`wait_stopped` waits for
+    the exits still going on."""
+    target = getattr(llm, "llm_engine", llm)
+    stop = target.shutdown if hasattr(target, "shutdown") else target.engine_core.shutdown
+
+    def quietly() -> None:
+        with contextlib.suppress(Exception):  # an interrupted engine may be half gone
+            stop()
+
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        quietly()
+        return
+    thread = threading.Thread(target=quietly, name="specscope-engine-stop", daemon=True)
+    thread.start()
+    _stopping[:] = [t for t in _stopping if t.is_alive()] + [thread]
+
+
+def wait_stopped(timeout: float = 30.0) -> None:
+    """Wait (up to ``timeout`` seconds in all) for the engines :func:`stop_engine` is stopping."""
+    deadline = time.monotonic() + timeout
+    for thread in list(_stopping):
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 @dataclass

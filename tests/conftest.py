@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import os
 import socket
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -53,15 +54,19 @@ def spec_config(tiny: dict[str, Path], draft: str, k: int = K) -> dict[str, Any]
 
 
 def shutdown(llm: Any) -> None:
-    """Stop an engine's worker processes now rather than at garbage collection."""
+    """Stop an engine's worker processes now rather than at garbage collection; their exit goes on while the next
+    test starts (:func:`specscope.measure.stop_engine`)."""
     from specscope import uninstrument
+    from specscope.measure import stop_engine
 
     uninstrument(llm)
-    target = getattr(llm, "llm_engine", llm)
-    if hasattr(target, "shutdown"):
-        target.shutdown()  # AsyncLLM
-    else:
-        target.engine_core.shutdown()
+    stop_engine(llm)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Every engine stopped before pytest exits."""
+    if "specscope.measure" in sys.modules:
+        sys.modules["specscope.measure"].wait_stopped()
 
 
 class EnginePool:

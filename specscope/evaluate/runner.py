@@ -3,6 +3,7 @@ time beside it, measured round by round at each batch size (:class:`Runner`)."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import statistics
 import time
@@ -32,14 +33,14 @@ class EngineStopped(RuntimeError):
 
 
 def _shutdown(llm: Any) -> None:
-    """Stop an engine's worker processes now; never raises (an interrupted engine may be half gone)."""
-    try:
-        from specscope import uninstrument
+    """Stop an engine's worker processes (:func:`specscope.measure.stop_engine`); never raises (an interrupted engine
+    may be half gone)."""
+    from specscope import uninstrument
+    from specscope.measure import stop_engine
 
+    with contextlib.suppress(Exception):
         uninstrument(llm)
-        llm.llm_engine.engine_core.shutdown()
-    except Exception:
-        pass
+    stop_engine(llm)
     gc.collect()
 
 
@@ -68,10 +69,13 @@ class Runner:
 
     def close(self) -> None:
         """Stop every engine still running."""
+        from specscope.measure import wait_stopped
+
         for llm in (self.spec, self.plain):
             if llm is not None:
                 _shutdown(llm)
         self.spec = self.plain = None
+        wait_stopped()
 
     # -- time left
     def _plan(self, candidates: int, ks: int, batches: int) -> None:
