@@ -323,8 +323,7 @@ class Capture:
             if self._stopped is not None:
                 return
             self._stopped = why
-        log.warning("specscope: capture stopped: %s", why)
-        self._hub.health.count_error("capture", RuntimeError(why))
+        self._hub.health.count_error("capture", RuntimeError(why))  # logged once, in one line
 
 
 def weak_classes(hub: Hub) -> tuple[str, ...]:

@@ -204,3 +204,43 @@ def test_a_row_without_text_or_prompt_decodes_the_tokens() -> None:
     out = row(rec, "c", Payload(None, [5], [6], None, None, Tokenizer()))
     assert out["conversations"] == [{"from": "user", "value": "t5"}, {"from": "assistant", "value": "t6"}]
     assert out["acceptance"] == 0.25
+
+
+def test_an_engine_under_lossy_verification_or_without_the_hook_captures_nothing_and_says_why(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from specscope.collectors import vllm_hook
+    from specscope.collectors.vllm_engine import start_capture
+
+    config = SimpleNamespace(model_config=SimpleNamespace(model="m", served_model_name="m"),
+                             speculative_config=SimpleNamespace(rejection_sample_method="synthetic",
+                                                                method="draft_model", num_speculative_tokens=4))
+    monkeypatch.setattr(vllm_hook, "_installed", True)
+    hub = Hub()
+    cap = start_capture(hub, CaptureConfig(tmp_path, ("code",)), config)
+    assert hub.capture is cap and "rejection_sample_method=synthetic" in (capture_line(hub.snapshot()) or "")
+    monkeypatch.setattr(vllm_hook, "_installed", False)
+    config.speculative_config.rejection_sample_method = "standard"
+    start_capture(hub, CaptureConfig(tmp_path, ("code",)), config)
+    assert "not hooked" in (hub.snapshot().capture.stopped or "")  # type: ignore[union-attr]
+
+
+def test_the_serve_plugin_says_a_bad_setting_in_one_line_and_serves_on(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    from specscope.collectors import vllm_logger
+
+    open_dir = tmp_path / "shared"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    for env, why in (({"SPECSCOPE_CAPTURE_DIR": str(open_dir)}, "lets others in"),
+                     ({"SPECSCOPE_CAPTURE_DIR": str(tmp_path / "c"), "SPECSCOPE_CAPTURE_CLASSES": "no such"},
+                      "is not a class name")):
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        hub = Hub()
+        caplog.clear()
+        vllm_logger._capture_once(hub, SimpleNamespace())  # raises nothing into vLLM
+        assert hub.capture is None and hub.snapshot().health.error_count == 1
+        lines = [r.getMessage() for r in caplog.records if "capture" in r.getMessage()]
+        assert len(lines) == 1 and why in lines[0] and "\n" not in lines[0], lines
+        monkeypatch.delenv("SPECSCOPE_CAPTURE_CLASSES", raising=False)

@@ -70,6 +70,25 @@ def captured_while_weak(llm: Any, hard: list[str], directory: Path) -> None:
     texts = [r["conversations"][-1]["value"] for r in rows]
     assert hard[0] not in doc and not any(len(t) > 20 and t in doc for t in texts)
     read_by_speculators(directory, rows, llm.llm_engine.vllm_config.model_config.tokenizer)
+    config = llm.llm_engine.vllm_config
+    finetuned(directory, config.speculative_config.draft_model_config.model, config.model_config.model)
+
+
+def finetuned(directory: Path, draft: str, target: str) -> None:
+    """The README's example fine-tune (examples/finetune_draft.py) on the captured class, distilled from the
+    target: the draft's divergence from the target on those rows falls, and what it saves loads as a model with the
+    draft's tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = directory.parent / "draft-hard"
+    r = subprocess.run([sys.executable, str(Path(__file__).parents[2] / "examples" / "finetune_draft.py"), draft,
+                        str(directory), "--target", target, "--class", "hard", "--epochs", "2", "-o", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    done = json.loads(r.stdout.strip().splitlines()[-1])
+    assert done["rows"] > 0 and done["loss"] == "kl" and done["loss_after"] < 0.8 * done["loss_before"], done
+    assert AutoModelForCausalLM.from_pretrained(out) is not None
+    assert AutoTokenizer.from_pretrained(out).get_vocab() == AutoTokenizer.from_pretrained(draft).get_vocab()
 
 
 def read_by_speculators(directory: Path, rows: list[dict[str, Any]], tokenizer: str) -> None:
