@@ -41,7 +41,7 @@ def capture_line(snap: Snapshot) -> str | None:
                           else " (none now)" if "weak" in c.classes.split(", ") else "")
     dropped = [f"{n} {why}" for n, why in ((c.dropped_at_cap, "at the size cap"), (c.dropped_behind, "behind"))
                if n]
-    return (f"capture on: classes {chosen}; {c.rows} rows, {c.bytes / 1e6:.1f} MB kept"
+    return (f"capture on: classes {chosen}; {c.rows} row{'' if c.rows == 1 else 's'}, {c.bytes / 1e6:.1f} MB kept"
             f"{'; dropped ' + ', '.join(dropped) if dropped else ''}")
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +180,21 @@ async def test_source_loss_and_recovery() -> None:
             assert "source ok" in str(app.query_one("#header").render())
 
 
+@contextlib.asynccontextmanager
+async def top_of(hub: Any) -> AsyncIterator[tuple[TopApp, Any]]:
+    """``specscope top --url`` on a server whose snapshot endpoint serves ``hub``'s, polled once, at 120x40."""
+    def handle(req: Any) -> None:
+        reply(req, 200, json.dumps(codec.to_dict(hub.snapshot())).encode())
+
+    with http_server(handle) as url:
+        app = TopApp([Target(EndpointSource(url, timeout=0.5))], interval=0)
+        async with app.run_test(size=(120, 40)) as pilot:
+            app.poll_now()
+            app.refresh_view()
+            await pilot.pause()
+            yield app, pilot
+
+
 async def test_capture_shows_its_classes_and_counts_never_its_text(tmp_path: Path) -> None:
     """Capture on (``SPECSCOPE_CAPTURE_*``): the header says for which classes, which are weak now, and how many
     rows and bytes it kept; read from a server's snapshot, which carries the counts and nothing captured."""
@@ -190,20 +207,12 @@ async def test_capture_shows_its_classes_and_counts_never_its_text(tmp_path: Pat
     assert hub.requests.wait_idle(5)
     cap.close()
 
-    def handle(req: Any) -> None:
-        reply(req, 200, json.dumps(codec.to_dict(hub.snapshot())).encode())
-
-    with http_server(handle) as url:
-        app = TopApp([Target(EndpointSource(url, timeout=0.5))], interval=0)
-        async with app.run_test(size=(120, 40)) as pilot:
-            app.poll_now()
-            app.refresh_view()
-            await pilot.pause()
-            header = str(app.query_one("#header").render())
-            line = next(x for x in header.splitlines() if x.startswith("capture"))
-            size = (tmp_path / next(p.name for p in tmp_path.iterdir())).stat().st_size
-            assert line == f"capture on: classes weak, code (none now); 1 rows, {size / 1e6:.1f} MB kept"
-            assert "secret" not in header
+    async with top_of(hub) as (app, _):
+        header = str(app.query_one("#header").render())
+        line = next(x for x in header.splitlines() if x.startswith("capture"))
+        size = (tmp_path / next(p.name for p in tmp_path.iterdir())).stat().st_size
+        assert line == f"capture on: classes weak, code (none now); 1 row, {size / 1e6:.1f} MB kept"
+        assert "secret" not in header
 
 
 async def test_an_api_server_that_cannot_share_shows_1_of_n(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -215,23 +224,15 @@ async def test_an_api_server_that_cannot_share_shows_1_of_n(monkeypatch: pytest.
     hub = busy_hub(Clock())
     share.join(hub, 1, 4)  # no directory named: it shares nothing
 
-    def handle(req: Any) -> None:
-        reply(req, 200, json.dumps(codec.to_dict(hub.snapshot())).encode())
-
-    with http_server(handle) as url:
-        app = TopApp([Target(EndpointSource(url, timeout=0.5))], interval=0)
-        async with app.run_test(size=(120, 40)) as pilot:
-            app.poll_now()
-            app.refresh_view()
-            await pilot.pause()
-            header = app.query_one("#header").render()
-            assert ("1 of 4 API-server processes: these numbers are its, not the server's totals"
-                    in str(header).splitlines())
-            await pilot.resize_terminal(80, 24)
-            await pilot.pause()
-            app.refresh_view()
-            lines = str(app.query_one("#header").render()).splitlines()
-            assert lines[1].startswith("1 of 4 API-server processes  vllm")
+    async with top_of(hub) as (app, pilot):
+        header = app.query_one("#header").render()
+        assert ("1 of 4 API-server processes: these numbers are its, not the server's totals"
+                in str(header).splitlines())
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        app.refresh_view()
+        lines = str(app.query_one("#header").render()).splitlines()
+        assert lines[1].startswith("1 of 4 API-server processes  vllm")
 
 
 def class_hub() -> Any:
