@@ -17,7 +17,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from specscope import classes
 from specscope.background import Flushers, GpuPoller, GpuSource, Listener
@@ -29,9 +29,6 @@ from specscope.request_log import RequestLog
 from specscope.request_store import RequestStore
 from specscope.streams import EngineStreams
 from specscope.verdict import Baseline
-
-if TYPE_CHECKING:
-    from specscope.capture import Capture
 
 __all__ = ["GpuSource", "Hub", "Listener", "StepStats", "default_hub"]
 
@@ -57,8 +54,9 @@ class Hub:
         #: c estimated from the models' configs (the speedup estimate's c without a baseline), if known.
         self.cost_ratio: CostRatio | None = None
         self._share: Any = None
-        #: The opt-in capture of this engine's traffic as training data (:mod:`specscope.capture`), if on.
-        self.capture: Capture | None = None
+        #: The opt-in capture of this engine's traffic as training data (a :class:`specscope.capture.Capture`, which
+        #: knows the hub; the hub does not import it), if on.
+        self.capture: Any = None
         #: The server's API-server processes (:func:`specscope.share.join`), whether or not their numbers are shared.
         self.server_processes = 1
         #: Where specscope's own failures are counted (``hub.health.count_error``); shown in every snapshot.

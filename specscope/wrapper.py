@@ -26,10 +26,10 @@ from specscope.collectors.vllm_engine import (
     instrument,
     prepare_async_llm,
     prepare_llm_kwargs,
-    start_capture,
     traffic_class,
     uninstrument,
 )
+from specscope.collectors.vllm_logger import start_capture
 from specscope.hub import Hub
 from specscope.model import Snapshot, StepProfile
 

@@ -209,7 +209,7 @@ def test_a_row_without_text_or_prompt_decodes_the_tokens() -> None:
 def test_an_engine_under_lossy_verification_or_without_the_hook_captures_nothing_and_says_why(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from specscope.collectors import vllm_hook
-    from specscope.collectors.vllm_engine import start_capture
+    from specscope.collectors.vllm_logger import start_capture
 
     config = SimpleNamespace(model_config=SimpleNamespace(model="m", served_model_name="m"),
                              speculative_config=SimpleNamespace(rejection_sample_method="synthetic",

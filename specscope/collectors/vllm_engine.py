@@ -13,8 +13,7 @@ from typing import Any
 
 from vllm.v1.engine.async_llm import AsyncLLM as _VllmAsyncLLM
 
-from specscope import capture, classes
-from specscope.capture import Capture, CaptureConfig
+from specscope import classes
 from specscope.collectors import gpu_source, vllm_hook, vllm_reader
 from specscope.collectors.vllm_logger import SpecscopeStatLogger
 from specscope.hub import Hub, default_hub
@@ -151,16 +150,6 @@ def uninstrument(engine: Any) -> None:
     manager = target.logger_manager
     manager.stat_loggers[:] = [lg for lg in manager.stat_loggers if lg is not stat_logger] + removed
     setattr(target, _STATE, None)
-
-
-def start_capture(hub: Hub, config: CaptureConfig, vllm_config: Any) -> Capture:
-    """Capture ``hub``'s engine's chosen requests as training rows (:mod:`specscope.capture`), or say with one line
-    why not: lossy verification, or vLLM's output processor not hooked (``SPECSCOPE_HOOK=off``). CaptureError for a
-    directory that is not private."""
-    stopped = capture.refusal(getattr(vllm_config, "speculative_config", None))
-    if stopped is None and not vllm_hook.installed():
-        stopped = "vLLM's output processor is not hooked (SPECSCOPE_HOOK=off?): no completion reaches specscope"
-    return capture.Capture(config, hub, vllm_reader.engine_info(vllm_config).model, stopped)
 
 
 def _wants_speculation(kwargs: dict[str, Any]) -> bool:

@@ -16,6 +16,8 @@ from typing import Any, NamedTuple
 
 from vllm.v1.metrics.loggers import AggregateStatLoggerBase
 
+from specscope import capture
+from specscope.capture import Capture, CaptureConfig, CaptureError
 from specscope.collectors import vllm_hook, vllm_reader
 from specscope.counts import StepBatch
 from specscope.hub import Hub, default_hub
@@ -240,14 +242,21 @@ def _share_once(hub: Hub, vllm_config: Any) -> None:
                        int(getattr(par, "_api_process_count", 1) or 1))
 
 
+def start_capture(hub: Hub, config: CaptureConfig, vllm_config: Any) -> Capture:
+    """Capture ``hub``'s engine's chosen requests as training rows (:mod:`specscope.capture`), or say with one line
+    why not: lossy verification, or vLLM's output processor not hooked (``SPECSCOPE_HOOK=off``). CaptureError for a
+    directory that is not private."""
+    stopped = capture.refusal(getattr(vllm_config, "speculative_config", None))
+    if stopped is None and not vllm_hook.installed():
+        stopped = "vLLM's output processor is not hooked (SPECSCOPE_HOOK=off?): no completion reaches specscope"
+    return capture.Capture(config, hub, vllm_reader.engine_info(vllm_config).model, stopped)
+
+
 def _capture_once(hub: Hub, vllm_config: Any) -> None:
     """Capture the traffic ``SPECSCOPE_CAPTURE_*`` chooses as training rows (:mod:`specscope.capture`), once per
     process; a setting that cannot be used is said in one line, and the server runs without capture."""
     if hub.capture is not None:
         return
-    from specscope.capture import CaptureConfig, CaptureError
-    from specscope.collectors.vllm_engine import start_capture
-
     try:
         config = CaptureConfig.from_env()
         if config is not None:
