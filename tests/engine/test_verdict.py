@@ -172,7 +172,9 @@ def test_the_recommended_schedule_followed_as_vllm_takes_it_measures_what_was_pr
         config = recommended_config(snap)
     finally:
         shutdown(spec)
-    assert set(table) == {1, 8} and config is not None, (table, snap.lifetime.step_times)
+    # Batch sizes 1 and 8 measured (a 7 as well where replacements of finished requests left the batch at 7 for
+    # 20 steps or more: a batch size the engine really ran, in the K table like any other).
+    assert {1, 8} <= set(table) and config is not None, (table, snap.lifetime.step_times)
     draft = {"method": "draft_model", "model": str(tiny["deep01-draft"])}
     followed = specscope.LLM(str(tiny["deep01-target"]), specscope_hub=Hub(), **DEEP,
                              speculative_config={**draft, **config})
@@ -186,7 +188,7 @@ def test_the_recommended_schedule_followed_as_vllm_takes_it_measures_what_was_pr
                 tok_s = {name: steady(llm, b) for name, llm in (engines if r % 2 == 0 else engines[::-1])}
                 for name in ratios:
                     ratios[name][b].append(tok_s[name] / tok_s["plain"])
-        for b, c in table.items():
+        for b, c in ((b, table[b]) for b in (1, 8)):
             followed_x, zero_x = statistics.median(ratios["followed"][b]), statistics.median(ratios["zero"][b])
             print(f"batch {b}: schedule K={c.k} promised {c.speedup:.2f}x, measured {followed_x:.2f}x; "
                   f"K=0 priced {c.k0_speedup:.2f}x, measured {zero_x:.2f}x")
