@@ -37,8 +37,8 @@ def capture_line(snap: Snapshot) -> str | None:
         return None
     if c.stopped:
         return f"capture stopped: {c.stopped}"
-    chosen = c.classes + (f" (now {', '.join(c.weak_now)})" if "weak" in c.classes.split(", ") and c.weak_now
-                          else " (none now)" if "weak" in c.classes.split(", ") else "")
+    weak = "weak" in c.classes.split(", ")
+    chosen = c.classes + (f" (now {', '.join(c.weak_now)})" if weak and c.weak_now else " (none now)" if weak else "")
     dropped = [f"{n} {why}" for n, why in ((c.dropped_at_cap, "at the size cap"), (c.dropped_behind, "behind"))
                if n]
     return (f"capture on: classes {chosen}; {c.rows} row{'' if c.rows == 1 else 's'}, {c.bytes / 1e6:.1f} MB kept"

@@ -260,7 +260,7 @@ def _capture_once(hub: Hub, vllm_config: Any) -> None:
     try:
         config = CaptureConfig.from_env()
         if config is not None:
-            start_capture(hub, config.checked(), vllm_config)
+            start_capture(hub, config, vllm_config)  # the Capture checks its directory
     except CaptureError as exc:  # one line (the health log's), and the server runs without capture
         hub.health.count_error("capture", exc)
 
