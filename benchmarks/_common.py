@@ -49,3 +49,25 @@ def write(name: str, result: dict[str, Any]) -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
+
+
+def serve(target: Path, spec: dict[str, Any] | None, engine: list[str], log: Path,
+          env: dict[str, str] | None = None) -> tuple[Any, str]:
+    """A ``vllm serve`` of ``target`` with specscope's plugin and middleware (the suite's launcher), once /health
+    answers: the process and its URL. With ``spec``, per-request acceptance too (vLLM refuses it without)."""
+    import os
+    import sys
+
+    from tests.conftest import free_port
+    from tests.engine.test_server import start_server
+
+    port = free_port()
+    cmd = ["timeout", "1800", sys.executable, "-m", "tests.engine.vllm_serve", "--model", str(target),
+           "--middleware", "specscope.collectors.middleware.SpecscopeMiddleware", "--host", "127.0.0.1",
+           "--port", str(port), *engine,
+           *(["--speculative-config", json.dumps(spec), "--per-request-spec-decode-metrics", "summary"]
+             if spec else [])]
+    root = str(Path(__file__).resolve().parent.parent)
+    full_env = {**os.environ, "VLLM_PLUGINS": "specscope", "VLLM_LOGGING_LEVEL": "WARNING", "PYTHONPATH": root,
+                **(env or {})}
+    return start_server(cmd, full_env, log), f"http://127.0.0.1:{port}"

@@ -35,32 +35,15 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 import httpx
 
-from benchmarks._common import write
+from benchmarks._common import serve, write
 from specscope import codec, tiny_models
 from specscope.verdict import k_schedule, recommended_config, schedule_text, traffic_speedup
 from specscope.verdict.traffic import best_single_k, flapping
-from tests.conftest import free_port
-from tests.engine.test_server import start_server, stop
+from tests.engine.test_server import stop
 
-ROOT = Path(__file__).resolve().parent.parent
 TOKENS = 64
 PROMPTS = tiny_models.prompts(256, seed=61)
 ENGINE = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "32"]
-
-
-def serve(target: Path, spec: dict[str, Any] | None, baseline: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """A ``vllm serve`` of ``target`` with specscope's plugin and middleware, once /health answers (the suite's
-    launcher and wait)."""
-    port = free_port()
-    cmd = ["timeout", "1800", sys.executable, "-m", "tests.engine.vllm_serve", "--model", str(target),
-           "--middleware", "specscope.collectors.middleware.SpecscopeMiddleware", "--host", "127.0.0.1",
-           "--port", str(port), *ENGINE,
-           # with speculation, per-request acceptance: the interval is drawn from it (vLLM refuses it without)
-           *(["--speculative-config", json.dumps(spec), "--per-request-spec-decode-metrics", "summary"]
-             if spec else [])]
-    env = {**os.environ, "VLLM_PLUGINS": "specscope", "SPECSCOPE_BASELINE": str(baseline),
-           "VLLM_LOGGING_LEVEL": "WARNING", "PYTHONPATH": str(ROOT)}
-    return start_server(cmd, env, log), f"http://127.0.0.1:{port}"
 
 
 def one(url: str, model: str, prompt: str, out: list[dict[str, float]]) -> None:
@@ -141,7 +124,7 @@ def main() -> None:
 
     def run(name: str, spec: dict[str, Any] | None, advise: bool = False) -> None:
         print(f"== {name}: {spec}", flush=True)
-        proc, url = serve(target, spec, baseline, work / f"{name}.log")
+        proc, url = serve(target, spec, ENGINE, work / f"{name}.log", {"SPECSCOPE_BASELINE": str(baseline)})
         try:
             one(url, str(target), PROMPTS[0], [])  # warm
             results[name] = {"config": spec, "by_rate": {}, "advice_by_rate": {}}

@@ -34,10 +34,9 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 import httpx
 
-from benchmarks._common import write
+from benchmarks._common import serve, write
 from specscope import codec, tiny_models
-from tests.conftest import free_port
-from tests.engine.test_server import start_server, stop
+from tests.engine.test_server import stop
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENS = 48
@@ -73,17 +72,8 @@ def split(models: dict[str, Path]) -> tuple[list[str], list[str]]:
     return order[-len(order) // 4:], order[:len(order) * 2 // 5]
 
 
-def serve(target: Path, draft: Path, log: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    cmd = ["timeout", "1800", sys.executable, "-m", "tests.engine.vllm_serve", "--model", str(target),
-           "--speculative-config", json.dumps({"method": "draft_model", "model": str(draft),
-                                               "num_speculative_tokens": 4}),
-           "--per-request-spec-decode-metrics", "summary",
-           "--middleware", "specscope.collectors.middleware.SpecscopeMiddleware", "--host", "127.0.0.1",
-           "--port", str(port), *ENGINE]
-    env = {**os.environ, "VLLM_PLUGINS": "specscope", "VLLM_LOGGING_LEVEL": "WARNING", "PYTHONPATH": str(ROOT),
-           **env}
-    return start_server(cmd, env, log), f"http://127.0.0.1:{port}"
+def spec(draft: Path) -> dict[str, Any]:
+    return {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 4}
 
 
 def send(url: str, traffic: list[tuple[str, str]]) -> None:
@@ -131,7 +121,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         captured = root / "capture"
-        proc, url = serve(models["target"], models["noise10"], root / "before.log",
+        proc, url = serve(models["target"], spec(models["noise10"]), ENGINE, root / "before.log",
                           {"SPECSCOPE_CAPTURE_DIR": str(captured), "SPECSCOPE_CAPTURE_CLASSES": "weak"})
         try:
             for part in range(ROUNDS):
@@ -171,7 +161,7 @@ def main() -> None:
                 "speedup": {b: cell["speedup"] for b, cell in c["by_k"]["4"]["batch"].items()}}
                 for c in doc["candidates"]}}
 
-        proc, url = serve(models["target"], new, root / "after.log", {})
+        proc, url = serve(models["target"], spec(new), ENGINE, root / "after.log")
         try:
             send(url, [(p, "easy") for p in easy] + [(p, "hard") for p in held_out])
             time.sleep(1.0)

@@ -8,7 +8,7 @@ sized for the tiny models specscope tests with (seconds to minutes on a CPU); re
 trained with vllm-project/speculators on GPUs, from the same files (``speculators prepare-data --data DIR``).
 
     python examples/finetune_draft.py DRAFT_DIR CAPTURE_DIR_OR_FILE -o NEW_DRAFT_DIR [--target TARGET_DIR]
-        [--class hard] [--epochs 6] [--lr 3e-5]
+        [--class hard] [--epochs 12] [--lr 1e-5]
 
 Prints one JSON line: rows trained on, steps, and the loss on those rows before and after.
 """
@@ -25,10 +25,11 @@ from typing import Any
 
 def load_rows(source: Path, traffic_class: str | None) -> list[dict[str, Any]]:
     """The captured rows of ``source`` (a file, or every ``*.jsonl`` in a directory), of ``traffic_class`` if
-    given."""
+    given, in the order of their tokens (the writer's order varies with concurrency; training should not)."""
     files = sorted(source.glob("*.jsonl")) if source.is_dir() else [source]
     rows = [json.loads(line) for f in files for line in f.read_text().splitlines() if line.strip()]
-    return [r for r in rows if traffic_class is None or r.get("class") == traffic_class]
+    return sorted((r for r in rows if traffic_class is None or r.get("class") == traffic_class),
+                  key=lambda r: r["input_ids"])
 
 
 def batches(rows: list[dict[str, Any]], size: int, pad: int) -> list[tuple[Any, Any, Any]]:
@@ -82,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-o", "--output", type=Path, required=True)
     parser.add_argument("--target", type=Path, help="the target, to distil its distribution (recommended)")
     parser.add_argument("--class", dest="traffic_class")
-    parser.add_argument("--epochs", type=int, default=6)
-    parser.add_argument("--lr", type=float, default=3e-5)
+    parser.add_argument("--epochs", type=int, default=12)
+    parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--batch", type=int, default=1)
     args = parser.parse_args(argv)
     rows = load_rows(args.captured, args.traffic_class)
