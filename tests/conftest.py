@@ -15,6 +15,8 @@ import pytest
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+#: vLLM's choice of process layout; a process without it gets vLLM's default (see :func:`pytest_configure`).
+LAYOUT_VAR = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 #: Engine settings that work on a 2-core CPU machine (see ../shared/notes/vllm.md).
 ENGINE_KW: dict[str, Any] = {"enforce_eager": True, "dtype": "float32", "max_model_len": 512, "seed": 0}
@@ -31,7 +33,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    """The suite's offline engines run their engine core in the test process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``):
+    4 s to start where the default layout's two spawned processes take 14 s (measured here); specscope's code runs
+    in the front-end process either way. vLLM's default layout is what users run: every server
+    (:func:`tests.engine.test_server.start_server`), the demo, `specscope evaluate` and the modules that take
+    :func:`user_layout` (those that time engines) run it.
+    Set here, not on import, so that the benchmarks that borrow the suite's helpers keep the default."""
     config.addinivalue_line("markers", "server: starts Debian's prometheus, alertmanager or victoria-metrics")
+    os.environ.setdefault(LAYOUT_VAR, "0")
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
@@ -89,6 +98,25 @@ class EnginePool:
             shutdown(value[0] if isinstance(value, tuple) else value)
             del value
             gc.collect()
+
+
+def user_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: this process's) with vLLM's default process layout, as users run it."""
+    return {k: v for k, v in (os.environ if env is None else env).items() if k != LAYOUT_VAR}
+
+
+@pytest.fixture(scope="module")
+def user_layout() -> Iterator[None]:
+    """The engines this module starts in vLLM's default layout: the engine core and its worker in processes of their
+    own, as users run them. The modules that time engines (the verdict's truth, calibration, heads) take it: a
+    speedup claimed for users is measured where users run."""
+    import vllm.envs
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(LAYOUT_VAR, "1")
+        vllm.envs.disable_envs_cache()  # an in-process engine core cached the environment as it started
+        yield
+    vllm.envs.disable_envs_cache()
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ from specscope import tiny_models
 from specscope.verdict import load_profile
 from tests.conftest import ENGINE_KW, shutdown
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("user_layout")]  # timed: vLLM's default layout
 
 
 def test_calibrate_command_writes_a_baseline_with_its_setup(tiny: Any, engines: Any, tmp_path: Path) -> None:

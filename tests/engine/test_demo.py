@@ -13,6 +13,7 @@ import pytest
 from specscope.demo import SCENARIOS
 from specscope.fleet import Target
 from specscope.tui.record import Player, ReplaySource
+from tests.conftest import user_env
 
 pytestmark = pytest.mark.engine
 
@@ -21,7 +22,7 @@ def test_headless_demo_fires_what_each_scenario_is_about(engines: Any, tmp_path:
     engines.close()  # two cores: the demo runs its own engines
     rec = tmp_path / "demo.jsonl"
     r = subprocess.run([sys.executable, "-m", "specscope.cli", "demo", "--headless", "--record", str(rec)],
-                       capture_output=True, text=True, timeout=600)
+                       capture_output=True, text=True, timeout=600, env=user_env())  # as a newcomer runs it
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = r.stdout
     # The screen keeps specscope's lines; vLLM's and torch's logs go to the file the demo names at the end.

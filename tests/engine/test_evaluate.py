@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ENGINE_KW
+from tests.conftest import ENGINE_KW, user_env
 
 pytestmark = pytest.mark.engine
 
@@ -34,8 +34,9 @@ def test_evaluate_ranks_the_good_draft_first_and_tells_the_weak_one_to_run_witho
             "--prompts", str(prompts), "--json", str(tmp_path / "r.json"), "-o", str(tmp_path / "r.html")]
     for key, value in {**ENGINE_KW, "max_model_len": 1024}.items():
         args += ["--engine-arg", f"{key}={json.dumps(value)}"]
+    # vLLM's default layout: the command keeps the plain target running beside each candidate
     r = subprocess.run([sys.executable, "-m", "specscope.cli", "evaluate", *args], capture_output=True, text=True,
-                       timeout=600)
+                       timeout=600, env=user_env())
     print(r.stdout)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "left" in r.stderr and "[4/4 ngram] K=4 batch 8 round 1/1" in r.stderr  # progress, with time left

@@ -22,7 +22,7 @@ from specscope import Hub, tiny_models
 from tests.conftest import ENGINE_KW, greedy, shutdown, vllm_counters
 from tests.engine.test_verdict import run
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("user_layout")]  # timed: vLLM's default layout
 
 DEEP = {**ENGINE_KW, "max_model_len": 1024}
 PROMPTS = tiny_models.prompts(32, seed=43)

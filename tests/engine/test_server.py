@@ -21,7 +21,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import free_port, hf_cache
+from tests.conftest import free_port, hf_cache, user_env
 from tests.otlp_receiver import HttpReceiver, attrs
 
 pytestmark = pytest.mark.engine
@@ -48,8 +48,10 @@ def server_command(model: str, spec: dict[str, Any], port: int, *extra: str) -> 
 
 
 def start_server(cmd: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    """Start a server in vLLM's default process layout (whatever the suite's offline engines use), once /health
+    answers."""
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=user_env(env))
     url = f"http://127.0.0.1:{cmd[cmd.index('--port') + 1]}"
     deadline = time.monotonic() + 300
     while True:

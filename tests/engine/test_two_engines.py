@@ -1,5 +1,5 @@
-"""A plain and a speculative engine side by side in one process, made as a new user makes them (no hub given):
-each snapshot holds its own engine's numbers, never a mix of both."""
+"""A plain and a speculative engine side by side in one process, made as a new user makes them (no hub given, vLLM's
+default process layout): each snapshot holds its own engine's numbers, never a mix of both."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from specscope import tiny_models
 from tests.conftest import ENGINE_KW, greedy, shutdown, spec_config, vllm_counters
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("user_layout")]
 PROMPTS = tiny_models.prompts(4, seed=31)
 
 
