@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -55,9 +57,6 @@ def serve(target: Path, spec: dict[str, Any] | None, engine: list[str], log: Pat
           env: dict[str, str] | None = None) -> tuple[Any, str]:
     """A ``vllm serve`` of ``target`` with specscope's plugin and middleware (the suite's launcher), once /health
     answers: the process and its URL. With ``spec``, per-request acceptance too (vLLM refuses it without)."""
-    import os
-    import sys
-
     from tests.conftest import free_port
     from tests.engine.test_server import start_server
 
