@@ -7,10 +7,17 @@ For each pair:
 - **baseline**: ``measure_step_times`` with the CLI's defaults (its own short prompts and a long contrast set, 64
   tokens, 2 rounds; the batch sizes of the cells): no ``--prompts``, no flag a user must know;
 - **prediction**: a speculative engine at K = 4 (the running K) with that baseline runs sample A of the traffic
-  (``tiny_models.prompts(64, seed=11)``) with the batch held full at each batch size for a few seconds, once; the
-  estimate at each batch size gives the expected speedup at every K, with its interval;
+  (``tiny_models.prompts(64, seed=11)``, each request's output length drawn from 48-144 tokens) with the batch held
+  full at each batch size for a few seconds, once; the estimate at each batch size gives the expected speedup at
+  every K, with its interval;
 - **measured**: for K in 1, 2, 4, 6, a speculative engine at that K and the plain target run sample B
-  (``seed=12``) alternately, the batch held full, the median of the rounds' ratios of output tokens/s.
+  (``seed=12``, its own output lengths from the same range) alternately, the batch held full, the median of the
+  rounds' ratios of output tokens/s.
+
+Output lengths vary as served traffic's do: with one length for every request, the plain engine's batch finishes
+in lockstep and prefills its replacements together in one step, while a speculative engine's requests finish
+apart (their acceptance differs) and each replacement costs a step of its own, a difference no server's traffic
+has.
 
 Per cell (K × batch size): the error of the prediction, whether the measured speedup falls inside the stated
 interval, whether the pays / does-not-pay call is right where the measured speedup is outside 0.95-1.05, and
@@ -20,15 +27,18 @@ loses), the deep01 target with its layer-0 draft (40.6M) on short prompts and on
 passages, ~400 tokens: a context the calibration's short prompts do not have), and a wide target built here (12
 layers of width 1024, 158M parameters) with its layer-0 draft.
 
-Run: python benchmarks/bench_truth_user.py [--pairs tiny,deep01,deep01-rag,wide01] [--rounds 2]
-Results: benchmarks/results/truth_user.json (and truth_user.md, the table).
+Run: python benchmarks/bench_truth_user.py [--pairs tiny,deep01,deep01-rag,wide01] [--rounds 3]
+Results: benchmarks/results/truth_user.json (and truth_user.md, the table); each pair's predicting snapshot in
+truth_user_<pair>.snapshot.json, which ``--replay`` judges again with the checkout's verdict.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
+import random
 import statistics
 import sys
 from pathlib import Path
@@ -38,16 +48,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from benchmarks._common import RESULTS, write
-from specscope import intervals, tiny_models
+from specscope import codec, intervals, tiny_models
 from specscope.measure import measure_step_times, steady_throughput
 from specscope.tiny_models.models import llama_config
 
 KS = (1, 2, 4, 6)
 RUNNING_K = 4
 BATCHES = (1, 4, 16)
-TOKENS = 96
-WINDOW_S = 6.0
+LENGTHS = (48, 144)
+#: The predicting run's seconds at each batch size, and each measuring round's (counted once the batch's first
+#: prompts are prefilled: ``steady_throughput(settle=True)``).
+PREDICT_S, WINDOW_S = 6.0, 4.0
 SAMPLE_A, SAMPLE_B = tiny_models.prompts(64, seed=11), tiny_models.prompts(64, seed=12)
+#: Each prompt's output length, per sample.
+TOKENS_A, TOKENS_B = ([random.Random(seed).randint(*LENGTHS) for _ in range(64)] for seed in (11, 12))
 
 
 def rag(prompts: list[str]) -> list[str]:
@@ -115,13 +129,15 @@ def run_pair(name: str, target: Path, draft: Path, length: int, samples: tuple[l
     baseline = measure_step_times(plain, BATCHES)
     spec = engine(target, length, draft, RUNNING_K, specscope_baseline=baseline)
     for b in BATCHES:
-        steady_throughput(spec, b, WINDOW_S, samples[0], TOKENS)
+        steady_throughput(spec, b, PREDICT_S, samples[0], TOKENS_A)
     snap = spec.snapshot()
+    (RESULTS / f"truth_user_{name}.snapshot.json").write_text(json.dumps(codec.to_dict(snap)) + "\n")
     estimates = {b: estimate(snap, batch_size=b) for b in BATCHES}
     predicting_tokens = _tokens_per_step(snap.lifetime.step_times)
     predicting_ms = _step_ms(snap.lifetime.step_times)
     shutdown(spec)
     measured: dict[int, dict[int, float]] = {}
+    rounds_seen: dict[tuple[int, int], list[float]] = {}
     serving = plain.snapshot().lifetime.step_times
     measuring_tokens: dict[int, float | None] = {}
     measuring_ms: dict[int, float | None] = {}
@@ -132,13 +148,14 @@ def run_pair(name: str, target: Path, draft: Path, length: int, samples: tuple[l
             ratios = []
             for r in range(rounds):
                 if r % 2:
-                    s = steady_throughput(spec, b, WINDOW_S, samples[1], TOKENS)
-                    p = steady_throughput(plain, b, WINDOW_S, samples[1], TOKENS)
+                    s = steady_throughput(spec, b, WINDOW_S, samples[1], TOKENS_B, settle=True)
+                    p = steady_throughput(plain, b, WINDOW_S, samples[1], TOKENS_B, settle=True)
                 else:
-                    p = steady_throughput(plain, b, WINDOW_S, samples[1], TOKENS)
-                    s = steady_throughput(spec, b, WINDOW_S, samples[1], TOKENS)
+                    p = steady_throughput(plain, b, WINDOW_S, samples[1], TOKENS_B, settle=True)
+                    s = steady_throughput(spec, b, WINDOW_S, samples[1], TOKENS_B, settle=True)
                 ratios.append(s / p)
             measured[k][b] = statistics.median(ratios)
+            rounds_seen[(k, b)] = ratios
         if k == RUNNING_K:
             measuring_tokens = _tokens_per_step(spec.snapshot().lifetime.step_times)
             measuring_ms = _step_ms(spec.snapshot().lifetime.step_times)
@@ -147,25 +164,10 @@ def run_pair(name: str, target: Path, draft: Path, length: int, samples: tuple[l
               flush=True)
     serving = intervals.since(plain.snapshot().lifetime.step_times, serving)
     shutdown(plain)
-    cells: list[dict[str, Any]] = []
-    for k in KS:
-        for b in BATCHES:
-            est, m = estimates[b], measured[k][b]
-            if est is None:
-                cells.append({"k": k, "batch": b, "measured": round(m, 3), "predicted": None})
-                continue
-            p = est.by_k[k]
-            iv = (est.low[k], est.high[k]) if est.high else None
-            decided = not 0.95 <= m <= 1.05
-            cells.append({
-                "k": k, "batch": b, "measured": round(m, 3), "predicted": round(p, 3),
-                "interval": None if iv is None else [round(iv[0], 3), round(iv[1], 3)],
-                "error": round(p / m - 1.0, 3), "within_10pct": abs(p / m - 1.0) <= 0.10,
-                "inside_interval": None if iv is None else iv[0] <= m <= iv[1],
-                "call_right": None if not decided else (p >= 1.0) == (m >= 1.0),
-                "wrong_not_paying": iv is not None and iv[1] < 1.0 and m > 1.05,
-            })
-    return {"cells": cells, "c": {b: None if e is None else round(e.c, 3) for b, e in estimates.items()},
+    cells = [{"k": k, "batch": b, "measured": round(measured[k][b], 3),
+              "rounds": [round(x, 3) for x in rounds_seen[(k, b)]]} for k in KS for b in BATCHES]
+    return {"cells": judge(cells, estimates),
+            "c": {b: None if e is None else round(e.c, 3) for b, e in estimates.items()},
             "interval_basis": {b: None if e is None else e.interval_basis for b, e in estimates.items()},
             "baseline": [{"batch": t.batch_size, "ms": round(1e3 * t.mean_s, 2), "context": round(t.context, 1),
                           "us_per_context_token": round(1e6 * t.context_slope, 2), "spread": round(t.spread, 3)}
@@ -179,6 +181,43 @@ def run_pair(name: str, target: Path, draft: Path, length: int, samples: tuple[l
             "tokens_per_step": {"sample_a": predicting_tokens, "sample_b": measuring_tokens},
             # ... and the running K's own decode steps in both: the prediction takes sample A's.
             "spec_step_ms": {"sample_a": predicting_ms, "sample_b": measuring_ms}}
+
+
+def judge(cells: list[dict[str, Any]], estimates: dict[int, Any]) -> list[dict[str, Any]]:
+    """Each measured cell (K, batch, measured, rounds) with the prediction at its batch size and how it did."""
+    out = []
+    for cell in cells:
+        k, b, m = cell["k"], cell["batch"], cell["measured"]
+        base = {"k": k, "batch": b, "measured": m, "rounds": cell["rounds"]}
+        est = estimates[b]
+        if est is None:
+            out.append({**base, "predicted": None})
+            continue
+        p = est.by_k[k]
+        iv = (est.low[k], est.high[k]) if est.high else None
+        decided = not 0.95 <= m <= 1.05
+        out.append({
+            **base, "predicted": round(p, 3),
+            "interval": None if iv is None else [round(iv[0], 3), round(iv[1], 3)],
+            "error": round(p / m - 1.0, 3), "within_10pct": abs(p / m - 1.0) <= 0.10,
+            "inside_interval": None if iv is None else iv[0] <= m <= iv[1],
+            "call_right": None if not decided else (p >= 1.0) == (m >= 1.0),
+            "wrong_not_paying": iv is not None and iv[1] < 1.0 and m > 1.05,
+        })
+    return out
+
+
+def replay() -> dict[str, Any]:
+    """The saved results judged again by this checkout's verdict, on each pair's saved predicting snapshot: a
+    change to the model is checked against the same measurements without running the engines again."""
+    from specscope.verdict import estimate
+
+    doc = json.loads((RESULTS / "truth_user.json").read_text())
+    for name, pair in doc["pairs"].items():
+        snap = codec.from_dict(json.loads((RESULTS / f"truth_user_{name}.snapshot.json").read_text()))
+        pair["cells"] = judge(pair["cells"], {b: estimate(snap, batch_size=b) for b in BATCHES})
+    doc["summary"] = summarize(doc["pairs"])
+    return doc
 
 
 def _step_ms(times: Any) -> dict[int, float | None]:
@@ -226,16 +265,27 @@ def table(results: dict[str, Any]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", default="tiny,deep01,deep01-rag,wide01")
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--update", action="store_true",
+                    help="replace only these pairs in the saved results, keeping the others")
+    ap.add_argument("--replay", action="store_true",
+                    help="judge the saved measurements again with this checkout's verdict (no engines)")
     args = ap.parse_args()
+    if args.replay:
+        doc = replay()
+        write("truth_user", {k: v for k, v in doc.items() if k not in ("benchmark", "machine", "python")})
+        (RESULTS / "truth_user.md").write_text(table(doc["pairs"]))
+        return
     available = pairs()
-    results = {}
+    saved = RESULTS / "truth_user.json"
+    results = json.loads(saved.read_text())["pairs"] if args.update and saved.is_file() else {}
     for name in args.pairs.split(","):
         results[name] = run_pair(name, *available[name], args.rounds)
-        doc = {"workload": f"greedy, {TOKENS} output tokens a request, batch sizes {BATCHES} held full for "
-                           f"{WINDOW_S:g} s; predicted from one K={RUNNING_K} run on sample A (seed 11) against a "
-                           "baseline of `specscope calibrate`'s defaults; measured on sample B (seed 12), median of "
-                           f"{args.rounds} alternating rounds",
+        doc = {"workload": f"greedy, {LENGTHS[0]}-{LENGTHS[1]} output tokens a request (drawn per prompt), batch "
+                           f"sizes {BATCHES} held full; predicted from one K={RUNNING_K} run of {PREDICT_S:g} s a "
+                           "batch size on sample A (seed 11) against a baseline of `specscope calibrate`'s defaults; "
+                           f"measured on sample B (seed 12), median of {args.rounds} alternating rounds of "
+                           f"{WINDOW_S:g} s counted once the batch's first prompts were prefilled",
                "summary": summarize(results), "pairs": results}
         write("truth_user", doc)
         (RESULTS / "truth_user.md").write_text(table(results))

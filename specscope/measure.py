@@ -19,8 +19,8 @@ from specscope.verdict.baseline import merge_profiles
 MAX_CONTRAST_CONTEXT = 2048
 
 
-def measure_step_times(llm: Any, batch_sizes: Sequence[int], tokens: int = 64, rounds: int = 2,
-                       prompts: Sequence[Any] | None = None, contexts: int = 2) -> StepProfile:
+def measure_step_times(llm: Any, batch_sizes: Sequence[int], tokens: int = 64, rounds: int = 3,
+                       prompts: Sequence[Any] | None = None, contexts: int = 2, round_s: float = 0.5) -> StepProfile:
     """Run greedy batches of each size for ``tokens`` tokens and return the engine's decode-step times.
 
     On an engine without speculation this is the baseline that turns a speculative engine's step times into a
@@ -32,7 +32,11 @@ def measure_step_times(llm: Any, batch_sizes: Sequence[int], tokens: int = 64, r
     contexts (``contexts=1``: one): ``prompts`` (default: short generated ones) and long ones (or short ones, where
     ``prompts`` are long already). Each row keeps the first context's time, the context it was measured at, the
     slope in between (``context_slope``) and, with two rounds or more, the rounds' spread: the verdict prices a
-    plain step at the context the live engine runs at.
+    plain step at the context the live engine runs at. A row's time is the median of its rounds' means, so that
+    one round caught in a slow spell of the machine (they last seconds here) does not move the baseline; and a
+    round at a batch size generates again until it has run ``round_s`` seconds, so that a model whose step takes a
+    millisecond is timed over as long a moment as one whose step takes tens (64 steps of 1.5 ms are a tenth of a
+    second: one slow spell is the whole round).
     """
     from vllm import SamplingParams
 
@@ -41,32 +45,41 @@ def measure_step_times(llm: Any, batch_sizes: Sequence[int], tokens: int = 64, r
     reference = list(prompts) if prompts else [f"calibration prompt {i}: the quick brown fox" for i in range(64)]
     sets = [reference] + ([_contrast(llm, reference, tokens, max(batch_sizes))] if contexts > 1 else [])
 
-    def run(max_tokens: int, chosen: list[Any]) -> StepProfile:
+    def run(max_tokens: int, chosen: list[Any], seconds: float = 0.0) -> StepProfile:
         before = llm.snapshot().lifetime.step_times
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         for b in batch_sizes:
+            t0 = time.perf_counter()
             llm.generate([chosen[i % len(chosen)] for i in range(b)], params, use_tqdm=False)
+            while time.perf_counter() - t0 < seconds:
+                llm.generate([chosen[i % len(chosen)] for i in range(b)], params, use_tqdm=False)
         return intervals.since(llm.snapshot().lifetime.step_times, before)
 
     run(8, reference)
     measured: list[list[StepProfile]] = [[] for _ in sets]
     for _ in range(rounds):
         for i, chosen in enumerate(sets):
-            measured[i].append(run(tokens, chosen))
+            measured[i].append(run(tokens, chosen, round_s))
     merged = [merge_profiles(m) for m in measured]
+
+    def means(i: int, batch: int) -> list[float]:
+        return [r.mean_s for m in measured[i] for r in m.times if r.batch_size == batch and r.steps]
+
     contrast = {t.batch_size: t for t in merged[-1].times} if len(merged) > 1 else {}
     times = []
     for t in merged[0].times:
         if t.batch_size not in batch_sizes or not t.steps:
             continue
+        mine = means(0, t.batch_size)
+        mean_s = statistics.median(mine)
         other = contrast.get(t.batch_size)
         slope = 0.0
         if other is not None and other.steps and t.context and other.context and \
                 abs(other.context - t.context) >= 0.5 * max(other.context, t.context):  # far enough apart to tell
-            slope = max(0.0, (other.mean_s - t.mean_s) / (other.context - t.context))
-        means = [r.mean_s for m in measured[0] for r in m.times if r.batch_size == t.batch_size and r.steps]
-        spread = statistics.stdev(means) / t.mean_s if len(means) > 1 and t.mean_s > 0 else 0.0
-        times.append(StepTime(t.batch_size, t.steps, t.mean_s, context=t.context, context_slope=slope, spread=spread))
+            slope = max(0.0, (statistics.median(means(len(merged) - 1, t.batch_size)) - mean_s)
+                        / (other.context - t.context))
+        spread = statistics.stdev(mine) / mean_s if len(mine) > 1 and mean_s > 0 else 0.0
+        times.append(StepTime(t.batch_size, t.steps, mean_s, context=t.context, context_slope=slope, spread=spread))
     snap = llm.snapshot()
     return StepProfile(tuple(times), f"measured on {snap.engine.model}", snap.engine.setup)
 
@@ -154,7 +167,8 @@ class PromptOrder:
 
 
 def steady_throughput(llm: Any, batch: int, seconds: float, prompts: Sequence[Any], tokens: int | Sequence[int] = 96,
-                      traffic_classes: Sequence[str | None] | None = None, order: PromptOrder | None = None) -> float:
+                      traffic_classes: Sequence[str | None] | None = None, order: PromptOrder | None = None,
+                      settle: bool = False) -> float:
     """Output tokens per second with ``batch`` greedy requests in flight for ``seconds``, each finished request
     replaced by the next of ``prompts`` (in order, or in ``order``), as a serving engine with a queue keeps its batch
     full; the requests in flight at the end are aborted. This is the throughput "at batch b" that specscope's
@@ -163,6 +177,9 @@ def steady_throughput(llm: Any, batch: int, seconds: float, prompts: Sequence[An
 
     A prompt is text or a vLLM prompt (``{"prompt_token_ids": [...]}``); ``tokens`` is every request's output
     length (EOS ignored), or each prompt's; ``traffic_classes``, where given, is each prompt's traffic class.
+    With ``settle``, the ``seconds`` count from the step that finished the prefill of the batch's first prompts:
+    prefilled together from an empty engine, a transient served traffic does not have (16 prompts of ~490 tokens
+    take seconds on this CPU).
     """
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
@@ -187,15 +204,19 @@ def steady_throughput(llm: Any, batch: int, seconds: float, prompts: Sequence[An
 
     for _ in range(batch):
         add()
+    first = set(live) if settle else set()
     produced, t0 = 0, time.perf_counter()
     now = t0
-    while now - t0 < seconds:
+    while now - t0 < seconds or first:
         for out in engine.step():
+            first.discard(out.request_id)
             produced += len(out.outputs[0].token_ids)
             if out.finished:
                 live.discard(out.request_id)
                 add()
         now = time.perf_counter()
+        if settle and not first:  # the first prompts are in: the count starts after this step
+            settle, produced, t0 = False, 0, now
     engine.abort_request(list(live))
     while engine.has_unfinished_requests():
         engine.step()

@@ -132,3 +132,27 @@ def test_a_measured_c_under_the_drafts_parameter_share_is_called_suspect(plain_s
     est = estimate(hub.snapshot(), batch_size=1)
     assert est is not None and est.measured and est.c == pytest.approx((0.008 / plain_s - 1) / 4)
     assert ("likely timed while the machine ran slower" in est.explain()) == suspect
+
+
+def test_a_k_other_than_the_running_one_carries_the_unknown_fixed_cost_of_a_step() -> None:
+    """Every request accepts 2 of its 4 draft tokens each step: the acceptance leaves no doubt, and at the running
+    K the interval is the point. Elsewhere a step may pay up to one draft token's cost c whatever its K (one K's step
+    time cannot tell): at K = 1 the band reaches down to a step of 1 + c + 0.75·c nearly, at K = 8 up to one of
+    1 + 8c − c; the point takes no fixed part."""
+    hub = Hub()
+    hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model"))
+    hub.cost_ratio = CostRatio(0.2, "given")
+    hub.record_step(draft_step([2] * 20))
+    for i in range(20):
+        hub.requests.record(f"r{i}", prompt_tokens=20 + i, generation_tokens=30, num_spec_tokens=4, spec_steps=10,
+                            draft_tokens=40, accepted_tokens=20, acceptance_histogram=(0, 0, 10, 0, 0))
+    hub.wait_idle()
+    est = estimate(hub.snapshot())
+    assert est is not None and est.interval is not None
+    assert est.interval == pytest.approx((est.expected_speedup, est.expected_speedup))
+    tokens_1 = est.by_k[1] * (1 + 0.2)  # the point's decode tokens per step at K = 1 (no prefill here)
+    assert est.high[1] == pytest.approx(est.by_k[1])
+    assert tokens_1 / (1 + 0.2 + 0.75 * 0.2) <= est.low[1] < tokens_1 / (1 + 0.2 + 0.6 * 0.2)
+    tokens_8 = est.by_k[8] * (1 + 8 * 0.2)
+    assert est.low[8] == pytest.approx(est.by_k[8])
+    assert tokens_8 / (1 + 8 * 0.2 - 0.8 * 0.2) < est.high[8] <= tokens_8 / (1 + 8 * 0.2 - 0.2)

@@ -278,6 +278,27 @@ def test_measured_estimate_uses_observed_tokens_and_step_times_by_batch_size(tmp
                                              f"{sixteen.expected_speedup:.2f}x; pays at batch 1, not at 16")
 
 
+def test_prefill_at_other_batch_sizes_counts_per_request() -> None:
+    """Sixteen long prompts prefilled in a step of their own, at batch 11 (as vLLM runs them: 2 s on this CPU for
+    16 prompts of ~490 tokens), then 30 decode steps of 90 ms at batch 16, each request gaining 4 tokens a step:
+    a request's prefill (125 ms) weighs 0.74 of its decode there (120 tokens at 16 requests and 4 tokens a step),
+    though no step at batch 16 carried prefill."""
+    clock = Clock()
+    hub = Hub(clock=clock)
+    hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model"))
+    hub.cost_ratio = CostRatio(0.2, "given")
+    clock.t += 2.0
+    hub.record_step(StepStats(running=16, waiting=0, prompt_tokens=16 * 490, generation_tokens=16, batch=11,
+                              prefill=True, first_tokens=16, first_token_s=2.0))
+    steps(hub, clock, 16, 0.090, 30, accepted=3)
+    est = estimate(hub.snapshot(), batch_size=16)
+    rho = (2.0 / 16) / (120 / (16 * 4) * 0.090)
+    assert est is not None and est.prefill_share == pytest.approx(rho / (1 + rho))
+    decode = est.decode_speedup
+    # Prefill is not sped up (a c given without model sizes prices no draft prefill beside it).
+    assert est.expected_speedup == pytest.approx((rho + decode) / (rho + 1))
+
+
 def test_k_table_and_a_ready_to_paste_schedule(tmp_path: Path) -> None:
     clock = Clock()
     hub = speculative_hub(clock)

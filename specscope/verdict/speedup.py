@@ -215,25 +215,46 @@ def _observed_tokens(snap: Snapshot, k: int) -> float | None:
 
 
 def _prefill_per_decode(snap: Snapshot, batch: int | None, tokens: float) -> float | None:
-    """ρ at ``batch``: engine time on prefill per second of decode, from every step the engine ran there.
+    """ρ at ``batch``: a request's prefill seconds over its decode seconds there, which speculation leaves as they are
+    and shortens.
 
-    Steps carrying prefill often decode other requests too (a new request joins a running batch), so their time is
-    not all prefill. Over the steps at ``batch`` (pure decode and carrying prefill), the tokens decoded cost
-    (generated − first tokens) / (batch × E) decode steps of T_spec(batch); what the steps took beyond that is
-    prefill, which speculation leaves as it is. From the window's steps, else the lifetime's where the window timed
-    no step carrying prefill there; None (unknown, not 0) where neither did.
+    A request's prefill is what the steps carrying prefill took beyond the decoding they did too (a request joining a
+    running batch), over the requests whose prefill they finished (first tokens), at every batch size: a batch's
+    first prompts, and a long prompt's chunks, run at batch sizes of their own. Its decode is its output tokens but
+    the first (finished requests' mean, else the tokens generated per prefill finished) at ``batch`` requests a step,
+    each gaining ``tokens``, at that batch size's step time. From the window's steps, else the lifetime's where the
+    window finished no prefill; None (unknown, not 0) without prefill or steps at ``batch``.
     """
-    if not batch or tokens <= 0:
+    st = steps_at(snap, batch) if batch and tokens > 0 else None
+    if st is None:
         return None
-    st = steps_at(snap, batch)
-    if st is None or not st.prefill_steps:
-        st = snap.lifetime.step_times.get(batch, MIN_STEPS)
-    if st is None or not st.prefill_steps:
+    times = snap.window.step_times
+    if not any(t.first_tokens for t in times.times):
+        times = snap.lifetime.step_times
+    started = sum(t.first_tokens for t in times.times)
+    length = _output_length(snap) or (sum(t.tokens + t.prefill_tokens for t in times.times) / started
+                                      if started else None)
+    if length is None:
         return None
-    decoded = st.tokens + st.prefill_tokens - st.first_tokens
-    decode_s = decoded / (st.batch_size * tokens) * st.mean_s
-    prefill_s = st.steps * st.mean_s + st.prefill_s - decode_s
-    return max(0.0, prefill_s) / decode_s if decode_s > 0 else 0.0
+    prefill_s, requests = 0.0, 0
+    for t in times.times:
+        if not t.prefill_steps:
+            continue
+        step = t.mean_s if t.steps else times.at(t.batch_size, MIN_STEPS) or st.mean_s
+        decoded = max(0, t.prefill_tokens - t.first_tokens) / (t.batch_size * tokens)
+        prefill_s += max(0.0, t.prefill_s - decoded * step)
+        requests += t.first_tokens
+    decode_s = max(0.0, length - 1.0) / (st.batch_size * tokens) * st.mean_s
+    return prefill_s / requests / decode_s if requests and decode_s > 0 else None
+
+
+def _output_length(snap: Snapshot) -> float | None:
+    """Output tokens of a finished request: the window's mean, else every kept request's; None without one."""
+    done = [r.generation_tokens for r in snap.requests if r.generation_tokens]
+    recent = [r.generation_tokens for r in snap.requests
+              if r.generation_tokens and r.finished_at >= snap.time - snap.window_seconds]
+    chosen = recent or done
+    return sum(chosen) / len(chosen) if chosen else None
 
 
 def _draft_prefill(snap: Snapshot) -> float:
@@ -292,15 +313,17 @@ def _estimate(snap: Snapshot, cost: CostRatio | None, batch_size: int | None) ->
     tokens = observed if observed is not None else acc.tokens_per_step(k, rates, a)
     rho, draft_prefill = _prefill_per_decode(snap, batch, tokens), _draft_prefill(snap)
 
-    def speedup_at(j: int, rates: tuple[float, ...], a: float, tokens: float, c: float) -> float:
-        """End-to-end speedup at K = ``j`` > 0 for these inputs (``tokens``: observed at the running K)."""
+    def speedup_at(j: int, rates: tuple[float, ...], a: float, tokens: float, c: float, fixed: float = 0.0) -> float:
+        """End-to-end speedup at K = ``j`` > 0 for these inputs (``tokens``: observed at the running K). ``fixed``:
+        the share of one draft token's cost c that a step pays whatever its K (see :func:`_interval`): at the running
+        K, k·c = fixed·c + k·(c − fixed·c/k), so a step at j costs 1 + j·c + fixed·c·(1 − j/k)."""
         now = tokens / (k * c + 1.0)
         if j == k:
             return acc.end_to_end(now, now, rho or 0.0, draft_prefill)
         # The share of request-steps that drafted, so that the model reproduces what was observed at the running K.
         drafted = sum(rates)
         fraction = min(1.0, max(0.0, (tokens - 1.0) / drafted)) if drafted > 0 else 1.0
-        decode = acc.tokens_per_step(j, rates, a, fraction) / (j * c + 1.0)
+        decode = acc.tokens_per_step(j, rates, a, fraction) / (j * c + 1.0 + fixed * c * (1.0 - j / k))
         return acc.end_to_end(decode, now, rho or 0.0, draft_prefill)
 
     by_k = (1.0, *(speedup_at(j, rates, a, tokens, cost.value) for j in range(1, acc.K_MAX + 1)))
@@ -351,15 +374,16 @@ def _k0_estimate(snap: Snapshot, cost: CostRatio | None, batch: int, per_positio
     tokens = observed if observed is not None else acc.tokens_per_step(k_ref, rates, a)
     rho, draft_prefill = _prefill_per_decode(snap, batch, 1.0), _draft_prefill(snap)
 
-    def speedup_at(j: int, rates: tuple[float, ...], a: float, tokens: float, c0: float) -> float:
+    def speedup_at(j: int, rates: tuple[float, ...], a: float, tokens: float, c0: float, fixed: float = 0.0) -> float:
         """End-to-end speedup at K = ``j`` for these inputs (``tokens``: observed at ``k_ref``; 0: the range as it
-        runs, with speculation configured)."""
+        runs, with speculation configured). ``fixed``: the share of c0 a step pays whatever its K (see
+        :func:`_interval`), paid once, not at each of the j draft passes: 1 + j·(c0 + verify) − (j − 1)·fixed·c0."""
         now = 1.0 / (1.0 + c0)
         if j == 0:
             return acc.end_to_end(now, now, rho or 0.0, draft_prefill)
         drafted = sum(rates)
         fraction = min(1.0, max(0.0, (tokens - 1.0) / drafted)) if drafted > 0 else 1.0
-        decode = acc.tokens_per_step(j, rates, a, fraction) / (j * (c0 + verify) + 1.0)
+        decode = acc.tokens_per_step(j, rates, a, fraction) / (j * (c0 + verify) + 1.0 - (j - 1) * fixed * c0)
         return acc.end_to_end(decode, now, rho or 0.0, draft_prefill)
 
     point = (rates, a, tokens)
@@ -409,11 +433,17 @@ def _slow_baseline(snap: Snapshot, measured: CostRatio | None) -> str:
 
 def _interval(snap: Snapshot, batch: int | None, k: int, c: float, measured: bool,
               point: tuple[tuple[float, ...], float, float],
-              speedup_at: Callable[[int, tuple[float, ...], float, float, float], float],
+              speedup_at: Callable[[int, tuple[float, ...], float, float, float, float], float],
               ) -> tuple[tuple[float, float] | None, str, Callable[[], Bands] | None]:
     """``(interval at the running K, basis, every K's interval when called)``: ``speedup_at`` over the requests'
     resampled acceptance and, where c is measured, a plain step time drawn from the baseline's spread; None without
-    enough requests."""
+    enough requests.
+
+    At a K other than the running one, the model's own unknown is drawn too: a speculative step pays part of its
+    cost whatever its K (vLLM's speculative path: sampling, bookkeeping, the proposer's set-up), and one K's step
+    time cannot tell that part from the cost per draft token. The point takes none (every draft token costs c);
+    each draw takes a share between none and one draft token's worth (:func:`uncertainty.fixed_shares`), which
+    lowers K below the running one and raises K above it. Each K's interval holds its point."""
     res = uncertainty.resample(snap)
     if res is None or not res.draws:
         return None, "", None
@@ -429,11 +459,16 @@ def _interval(snap: Snapshot, batch: int | None, k: int, c: float, measured: boo
     n = max(k, 1)  # draft tokens a step pays c for (at a K = 0 range, c is its steps' cost c0: one a step)
     draws = [(tuple(r * (d.rates[i] if i < len(d.rates) else 1.0) for i, r in enumerate(rates)),
               min(0.999, a * d.alpha), 1.0 + (tokens - 1.0) * d.gained,
-              max(0.0, ((1.0 + n * c) / m - 1.0) / n) if spread else c)
-             for d, m in zip(res.draws, uncertainty.noise(len(res.draws), spread), strict=True)]
+              max(0.0, ((1.0 + n * c) / m - 1.0) / n) if spread else c, f)
+             for d, m, f in zip(res.draws, uncertainty.noise(len(res.draws), spread),
+                                uncertainty.fixed_shares(len(res.draws)), strict=True)]
 
     def bands() -> Bands:
-        ends = [uncertainty.quantiles([speedup_at(j, *x) for x in draws]) for j in range(1, acc.K_MAX + 1)]
+        ends = []
+        for j in range(1, acc.K_MAX + 1):
+            lo, hi = uncertainty.quantiles([speedup_at(j, *x) for x in draws])
+            p = speedup_at(j, *point, c, 0.0)
+            ends.append((min(lo, p), max(hi, p)))
         return (1.0, *(lo for lo, _ in ends)), (1.0, *(hi for _, hi in ends))
 
     basis = f"{uncertainty.COVERAGE:.0%} interval over {res.requests} requests"

@@ -7,6 +7,12 @@ same numbers, such as a prompt sent again under greedy decoding, count once: the
 traffic) and gives how much the acceptance of the draw differs from the whole sample's, position by position;
 :func:`specscope.verdict.speedup.estimate` prices each draw as it prices the point, with a plain step time drawn
 from the baseline's spread, and takes the central :data:`COVERAGE` of the draws as the interval.
+
+The interval says where a measurement on another window of as many requests of the same traffic will fall (what a
+restart at the K it names is judged on), not only where this sample's mean lies: both samples are uncertain, so
+each draw's deviation from the whole sample is taken :data:`PREDICTION` times (√2: the difference of two
+independent means of equal size). A 90% interval of one sample's mean holds a second sample's only about three
+times in four.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ COVERAGE = 0.9
 DRAWS = 200
 #: Distinct requests with speculative numbers an interval needs; with fewer there is none.
 MIN_REQUESTS = 8
+#: How far a draw's deviation from the whole sample is taken: this sample's uncertainty and the next one's.
+PREDICTION = 2 ** 0.5
 
 
 @dataclass(frozen=True)
@@ -98,9 +106,14 @@ def _resample(recs: Sequence[RequestRecord]) -> Resample | None:
         if got is None:
             continue
         rates, gained, a = got
-        draws.append(Draw(tuple(r / r0 if r0 else 1.0 for r, r0 in zip(rates, rates0, strict=False)),
-                          gained / gained0, a / alpha0))
+        draws.append(Draw(tuple(_widen(r / r0) if r0 else 1.0 for r, r0 in zip(rates, rates0, strict=False)),
+                          _widen(gained / gained0), _widen(a / alpha0)))
     return Resample(tuple(draws), len(items))
+
+
+def _widen(ratio: float) -> float:
+    """A draw's ratio to the whole sample, its deviation taken :data:`PREDICTION` times (never below 0)."""
+    return max(0.0, 1.0 + PREDICTION * (ratio - 1.0))
 
 
 def noise(draws: int, spread: float) -> list[float]:
@@ -108,6 +121,13 @@ def noise(draws: int, spread: float) -> list[float]:
     where it is unknown), kept within ±3 spreads."""
     rng = random.Random(1)
     return [1.0 + spread * max(-3.0, min(3.0, rng.gauss(0.0, 1.0))) for _ in range(draws)]
+
+
+def fixed_shares(draws: int) -> list[float]:
+    """One per draw: the share of one draft token's cost that a speculative step pays whatever its K, uniform
+    between none and all of it (one K's step time does not tell; see ``speedup._interval``)."""
+    rng = random.Random(2)
+    return [rng.random() for _ in range(draws)]
 
 
 def quantiles(values: Sequence[float]) -> tuple[float, float]:

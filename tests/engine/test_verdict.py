@@ -223,7 +223,9 @@ def test_advice_with_a_k0_range_is_a_fixed_point(tiny: dict[str, Path], plain: A
 
     applied = [[1, 10, 1], [11, 256, 0]]
     wait_stopped()  # the plain step at 16 is timed with no engine of an earlier test still exiting
-    base = merge_profiles([baseline, measure_step_times(plain, (16,), tokens=64, rounds=1)])
+    # The median of three rounds: one caught in the moments after an earlier test's engines were killed would time
+    # a plain step slower than this draft's K = 0 step, and the baseline would be refused as not comparable.
+    base = merge_profiles([baseline, measure_step_times(plain, (16,), tokens=64, rounds=3, contexts=1)])
     spec = specscope.LLM(str(tiny["deep10-target"]), specscope_hub=Hub(), specscope_baseline=base, **DEEP,
                          speculative_config={"method": "draft_model", "model": str(tiny["deep10-draft"]),
                                              "num_speculative_tokens": 1,
