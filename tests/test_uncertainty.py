@@ -125,13 +125,19 @@ def test_the_advice_keeps_the_running_k_where_the_best_is_within_its_noise() -> 
 @pytest.mark.parametrize(("plain_s", "suspect"), [(0.0036, True), (0.0019, False)])
 def test_a_measured_c_under_the_drafts_parameter_share_is_called_suspect(plain_s: float, suspect: bool) -> None:
     """A draft as large as its target (parameter share 1.0) costs at least its share of a step, overhead and
-    verifying K+1 tokens only add: c measured at 0.31 says the baseline was timed on a slower machine; 0.80 passes."""
+    verifying K+1 tokens only add: c measured at 0.31 says the baseline was timed on a slower machine; 0.80 passes.
+    Either is priced at the share, so a same-size draft is never called paying on a slow baseline (1.0x at most
+    here: four tokens a step for five passes' cost)."""
     clock = Clock()
-    hub = speculative_hub(clock)  # a draft as large as the target; speculative steps of 8 ms at batch 1
+    hub = speculative_hub(clock)  # speculative steps of 8 ms at batch 1
+    hub.cost_ratio = CostRatio(1.0, "estimated from parameters per token", 100, 100)  # a draft as large as the target
     hub.set_baseline(StepProfile((StepTime(1, 50, plain_s),), "b", SETUP))
     est = estimate(hub.snapshot(), batch_size=1)
-    assert est is not None and est.measured and est.c == pytest.approx((0.008 / plain_s - 1) / 4)
+    measured = (0.008 / plain_s - 1) / 4
+    assert est is not None and est.measured and measured < 1.0 and est.c == 1.0
+    assert f"{measured:.2f} measured, under the draft's parameter share: priced at the share, 1.00" in est.explain()
     assert ("likely timed while the machine ran slower" in est.explain()) == suspect
+    assert est.decode_speedup == pytest.approx(4 / 5) and not est.pays
 
 
 def test_a_k_other_than_the_running_one_carries_the_unknown_fixed_cost_of_a_step() -> None:

@@ -197,7 +197,7 @@ def with_baseline(hub: Hub, tmp_path: Path, setup: EngineSetup = SETUP) -> StepP
 def speculative_hub(clock: Clock, accepted: int = 3) -> Hub:
     hub = Hub(clock=clock)
     hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model", setup=SETUP))
-    hub.cost_ratio = CostRatio(1.0, "estimated from parameters per token", 100, 100)
+    hub.cost_ratio = CostRatio(0.25, "estimated from parameters per token", 100, 25)
     steps(hub, clock, 1, 0.008, 30, accepted=accepted, prefill_s=0.004)
     steps(hub, clock, 16, 0.030, 30, accepted=accepted, prefill_s=0.064)
     return hub
@@ -211,7 +211,7 @@ def test_the_traffic_answer_weighs_each_batch_size_by_the_time_spent_there(tmp_p
     clock = Clock()
     hub = Hub(clock=clock, window_s=3600)
     hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model", setup=SETUP))
-    hub.cost_ratio = CostRatio(1.0, "estimated from parameters per token", 100, 100)
+    hub.cost_ratio = CostRatio(0.25, "estimated from parameters per token", 100, 25)
     assert traffic_speedup(hub.snapshot()) is None  # nothing ran: absent, not 1.0
     steps(hub, clock, 1, 0.008, 90, accepted=3, prefill_s=0.004)
     steps(hub, clock, 16, 0.030, 30, accepted=3, prefill_s=0.064)
@@ -248,7 +248,7 @@ def test_a_baseline_slower_than_the_speculative_steps_is_not_taken_as_free_specu
     hub.set_baseline(StepProfile((StepTime(1, 50, 0.0036), StepTime(16, 50, 0.040)), "slow day", SETUP))
     snap = hub.snapshot()
     sixteen, one = estimate(snap, batch_size=16), estimate(snap, batch_size=1)
-    assert sixteen is not None and not sixteen.measured and sixteen.c == 1.0
+    assert sixteen is not None and not sixteen.measured and sixteen.c == 0.25
     assert sixteen.c_basis == "parameter counts"
     assert one is not None and one.measured and one.c == pytest.approx((0.008 / 0.0036 - 1) / 4)
 
@@ -267,9 +267,10 @@ def test_measured_estimate_uses_observed_tokens_and_step_times_by_batch_size(tmp
     assert one.decode_speedup == pytest.approx(decode_1)
     assert one.c == pytest.approx((0.008 / 0.0036 - 1) / 4) and one.measured
     # At batch 1 a request's prefill took 4 ms and its decode 30 steps of 8 ms: rho = prefill / decode time. The
-    # draft (as large as the target: c 1.0 from parameters) did half that prefill, which a plain engine would not.
+    # draft (a quarter of the target's parameters per token) did a fifth of that prefill, which a plain engine would
+    # not.
     rho = 0.004 / (30 * 0.008)
-    assert one.expected_speedup == pytest.approx((rho / 2 + decode_1) / (rho + 1))
+    assert one.expected_speedup == pytest.approx((rho / 1.25 + decode_1) / (rho + 1))
     assert one.prefill_share == pytest.approx(rho / (1 + rho))
     assert sixteen.decode_speedup == pytest.approx(tokens * 0.0060 / 0.030) and not sixteen.pays
     assert "measured at batch 16: 30.0 ms per speculative step, 6.0 ms without speculation" in sixteen.explain()
@@ -330,7 +331,7 @@ def test_k_table_and_a_ready_to_paste_schedule(tmp_path: Path) -> None:
 
     assert validate_and_normalize_dynamic_sd_schedule(config["num_speculative_tokens_per_batch_size"]) == schedule
     text = "\n".join(schedule_text(snap))
-    assert "costs at batch 16 (0.96x): if the engine runs there most, remove speculative_config" in text
+    assert "costs at batch 16 (0.98x): if the engine runs there most, remove speculative_config" in text
     assert '"num_speculative_tokens_per_batch_size": [[1, ' in text
     assert schedule_config([(1, 16, 0)]) is None
     # One K throughout is num_speculative_tokens alone: vLLM runs it the same, without a schedule's buffers.

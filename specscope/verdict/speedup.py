@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from specscope import acceptance as acc
 from specscope.model import (
@@ -304,7 +304,7 @@ def _estimate(snap: Snapshot, cost: CostRatio | None, batch_size: int | None) ->
     measured = measured_cost(snap, batch) if cost is None and batch else None
     if cost is None and measured is None and snap.engine.method in MODEL_FREE_METHODS:
         cost = verify_cost(snap, batch or 1)
-    cost = cost or measured or snap.cost_ratio
+    cost = cost or _weight_floor(snap, measured) or snap.cost_ratio
     if cost is None:
         return None
     a = spec.alpha
@@ -417,6 +417,21 @@ def _reference(snap: Snapshot) -> tuple[int, float | None]:
     return snap.engine.num_speculative_tokens or 1, None
 
 
+def _weight_floor(snap: Snapshot, measured: CostRatio | None) -> CostRatio | None:
+    """``measured``, or the draft's parameter share where a draft model's measured c is under it: each draft pass
+    reads all the draft's weights as a plain step reads the target's, so a draft token costs at least that share of
+    a plain step (sampling, verification and the step's overhead only add). A c under it says the baseline was timed
+    while the machine ran slower (:func:`_slow_baseline` says so); priced at it, a same-size draft is not called
+    paying on a slow baseline."""
+    sizes = snap.cost_ratio
+    if measured is None or snap.engine.method != "draft_model" or sizes is None or sizes.draft_params is None \
+            or measured.value >= sizes.value:
+        return measured
+    return replace(measured, value=sizes.value,
+                   source=f"{measured.source}; {measured.value:.2f} measured, under the draft's parameter share: "
+                          f"priced at the share, {sizes.value:.2f}")
+
+
 def _slow_baseline(snap: Snapshot, measured: CostRatio | None) -> str:
     """Why a measured c is suspect: under the draft's parameter share, which per-step overhead and verifying K+1
     tokens only add to, a baseline timed while the machine ran slower (under load, or another day) puts it; ""
@@ -490,7 +505,7 @@ def k0_decode(snap: Snapshot, cost: CostRatio) -> tuple[float, str]:
     if snap.engine.method in MODEL_FREE_METHODS:
         return 1.0, "n-gram and suffix lookup run no model at K=0"
     for t in snap.lifetime.step_times.times:
-        if t.steps >= MIN_STEPS and (smallest := measured_cost(snap, t.batch_size)) is not None:
+        if t.steps >= MIN_STEPS and (smallest := _weight_floor(snap, measured_cost(snap, t.batch_size))) is not None:
             return 1.0 / (1.0 + smallest.value), (f"the draft still runs a pass a step: c {smallest.value:.2f} "
                                                   f"measured at batch {t.batch_size}")
     return 1.0 / (1.0 + cost.value), f"the draft still runs a pass a step: at most c {cost.value:.2f}"
