@@ -215,8 +215,8 @@ def _observed_tokens(snap: Snapshot, k: int) -> float | None:
 
 
 def _prefill_per_decode(snap: Snapshot, batch: int | None, tokens: float) -> float | None:
-    """ρ at ``batch``: a request's prefill seconds over its decode seconds there, which speculation leaves as they are
-    and shortens.
+    """ρ at ``batch``: a request's prefill seconds (which speculation leaves as they are) over its decode seconds
+    there (which it shortens).
 
     A request's prefill is what the steps carrying prefill took beyond the decoding they did too (a request joining a
     running batch), over the requests whose prefill they finished (first tokens), at every batch size: a batch's
