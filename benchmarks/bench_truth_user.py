@@ -5,7 +5,7 @@ same traffic, for three model sizes.
 For each pair:
 
 - **baseline**: ``measure_step_times`` with the CLI's defaults (its own short prompts and a long contrast set, 64
-  tokens, 2 rounds; the batch sizes of the cells): no ``--prompts``, no flag a user must know;
+  tokens, 3 rounds; the batch sizes of the cells): no ``--prompts``, no flag a user must know;
 - **prediction**: a speculative engine at K = 4 (the running K) with that baseline runs sample A of the traffic
   (``tiny_models.prompts(64, seed=11)``, each request's output length drawn from 48-144 tokens) with the batch held
   full at each batch size for a few seconds, once; the estimate at each batch size gives the expected speedup at

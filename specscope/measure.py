@@ -49,10 +49,11 @@ def measure_step_times(llm: Any, batch_sizes: Sequence[int], tokens: int = 64, r
         before = llm.snapshot().lifetime.step_times
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         for b in batch_sizes:
-            t0 = time.perf_counter()
-            llm.generate([chosen[i % len(chosen)] for i in range(b)], params, use_tqdm=False)
-            while time.perf_counter() - t0 < seconds:
-                llm.generate([chosen[i % len(chosen)] for i in range(b)], params, use_tqdm=False)
+            batch, t0 = [chosen[i % len(chosen)] for i in range(b)], time.perf_counter()
+            while True:  # once, and again until ``seconds`` have passed
+                llm.generate(batch, params, use_tqdm=False)
+                if time.perf_counter() - t0 >= seconds:
+                    break
         return intervals.since(llm.snapshot().lifetime.step_times, before)
 
     run(8, reference)

@@ -249,12 +249,15 @@ def _prefill_per_decode(snap: Snapshot, batch: int | None, tokens: float) -> flo
 
 
 def _output_length(snap: Snapshot) -> float | None:
-    """Output tokens of a finished request: the window's mean, else every kept request's; None without one."""
-    done = [r.generation_tokens for r in snap.requests if r.generation_tokens]
-    recent = [r.generation_tokens for r in snap.requests
-              if r.generation_tokens and r.finished_at >= snap.time - snap.window_seconds]
-    chosen = recent or done
-    return sum(chosen) / len(chosen) if chosen else None
+    """Output tokens of a finished request: the window's mean, else every kept request's; None without one.
+    Computed once per snapshot (a schedule prices every batch size up to max_num_seqs)."""
+    key = ("output_length",)
+    if key not in snap.derived:
+        done = [r for r in snap.requests if r.generation_tokens]
+        recent = [r for r in done if r.finished_at >= snap.time - snap.window_seconds]
+        chosen = [r.generation_tokens or 0 for r in recent or done]
+        snap.derived[key] = sum(chosen) / len(chosen) if chosen else None
+    return snap.derived[key]
 
 
 def _draft_prefill(snap: Snapshot) -> float:

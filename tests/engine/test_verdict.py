@@ -232,8 +232,8 @@ def test_advice_with_a_k0_range_is_a_fixed_point(tiny: dict[str, Path], plain: A
                                              "num_speculative_tokens_per_batch_size": applied})
     try:
         steady_throughput(spec, 1, 5.0, PROMPTS, 64)
-        for _ in range(8):  # 20 decode steps or more at 16, however busy the machine is (CI once had 9 requests
-            steady_throughput(spec, 16, 5.0, PROMPTS, 64)  # there after 15 s); one round on a quiet machine
+        for _ in range(8):  # 20 decode steps or more at 16, however busy the machine is (one round on a quiet one)
+            steady_throughput(spec, 16, 5.0, PROMPTS, 64)
             if spec.snapshot().lifetime.step_times.get(16, MIN_TABLE_STEPS) is not None:
                 break
         snap = spec.snapshot()
