@@ -315,7 +315,7 @@ def test_the_same_numbers_give_the_same_schedule_here_and_in_the_live_verdict() 
             run.k0_price[b] = est.k0_speedup
     sched = choose.choose_schedule(c, sizes, max_batch=16)
     assert sizes == [1, 4, 16] and sched is not None
-    assert sched.ranges == k_schedule(snap) == [(1, 1, 7), (2, 2, 5), (3, 3, 4), (4, 9, 3), (10, 16, 2)]
+    assert sched.ranges == k_schedule(snap) == [(1, 1, 8), (2, 2, 6), (3, 3, 5), (4, 4, 4), (5, 14, 3), (15, 16, 2)]
 
 
 def test_an_unpriced_k0_range_is_never_scheduled_and_rounds_default_to_3() -> None:

@@ -13,7 +13,7 @@ from specscope.hub import Hub
 from specscope.model import CostRatio, EngineInfo, StepProfile, StepTime
 from specscope.verdict import estimate, load_profile, measured_cost, save_profile
 from specscope.verdict.speedup import SpeedupEstimate
-from specscope.verdict.uncertainty import MIN_REQUESTS
+from specscope.verdict.uncertainty import FIXED, MIN_REQUESTS
 from tests.test_hub import Clock
 from tests.test_verdict import SETUP, draft_step, speculative_hub
 
@@ -143,8 +143,8 @@ def test_a_measured_c_under_the_drafts_parameter_share_is_called_suspect(plain_s
 def test_a_k_other_than_the_running_one_carries_the_unknown_fixed_cost_of_a_step() -> None:
     """Every request accepts 2 of its 4 draft tokens each step: the acceptance leaves no doubt, and at the running
     K the interval is the point. Elsewhere a step may pay up to one draft token's cost c whatever its K (one K's step
-    time cannot tell): at K = 1 the band reaches down to a step of 1 + c + 0.75·c nearly, at K = 8 up to one of
-    1 + 8c − c; the point takes no fixed part."""
+    time cannot tell): at K = 1 the band spans steps of 1 + c + 0.75·c down to 1 + c nearly, at K = 8 steps of
+    1 + 8c − c up to 1 + 8c nearly; the point takes half of it (``FIXED``)."""
     hub = Hub()
     hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model"))
     hub.cost_ratio = CostRatio(0.2, "given")
@@ -156,9 +156,10 @@ def test_a_k_other_than_the_running_one_carries_the_unknown_fixed_cost_of_a_step
     est = estimate(hub.snapshot())
     assert est is not None and est.interval is not None
     assert est.interval == pytest.approx((est.expected_speedup, est.expected_speedup))
-    tokens_1 = est.by_k[1] * (1 + 0.2)  # the point's decode tokens per step at K = 1 (no prefill here)
-    assert est.high[1] == pytest.approx(est.by_k[1])
+    assert FIXED == 0.5
+    tokens_1 = est.by_k[1] * (1 + 0.2 + 0.5 * 0.75 * 0.2)  # the point's decode tokens per step at K = 1
     assert tokens_1 / (1 + 0.2 + 0.75 * 0.2) <= est.low[1] < tokens_1 / (1 + 0.2 + 0.6 * 0.2)
-    tokens_8 = est.by_k[8] * (1 + 8 * 0.2)
-    assert est.low[8] == pytest.approx(est.by_k[8])
-    assert tokens_8 / (1 + 8 * 0.2 - 0.8 * 0.2) < est.high[8] <= tokens_8 / (1 + 8 * 0.2 - 0.2)
+    assert tokens_1 / (1 + 0.2 + 0.15 * 0.2) < est.high[1] <= tokens_1 / (1 + 0.2)
+    tokens_8 = est.by_k[8] * (1 + 8 * 0.2 - 0.5 * 0.2)
+    assert tokens_8 / (1 + 8 * 0.2 - 0.2) >= est.high[8] > tokens_8 / (1 + 8 * 0.2 - 0.8 * 0.2)
+    assert tokens_8 / (1 + 8 * 0.2 - 0.2 * 0.2) > est.low[8] >= tokens_8 / (1 + 8 * 0.2)

@@ -33,6 +33,7 @@ from specscope.verdict import (
     verify_cost,
 )
 from specscope.verdict.traffic import TrafficSpeedup
+from specscope.verdict.uncertainty import FIXED
 
 SETUP = EngineSetup(model="/m/target", architecture="LlamaForCausalLM layers=12", dtype="float32", device="cpu",
                     engine_version="0.32.0", max_num_seqs=16)
@@ -62,7 +63,8 @@ def test_estimate_without_step_times_models_tokens_from_the_observed_positions()
     spec = snap.window.spec
     assert est.tokens_per_step == pytest.approx(spec.mean_acceptance_length)  # every request drafted every step
     assert est.expected_speedup == pytest.approx(spec.mean_acceptance_length / 1.2)
-    six = acc.tokens_per_step(6, spec.per_position, spec.alpha) / (1 + 6 * 0.05)
+    # K = 6 pays 6 draft tokens, less the share of one that the running K = 4's step paid whatever its K
+    six = acc.tokens_per_step(6, spec.per_position, spec.alpha) / (1 + 6 * 0.05 + FIXED * 0.05 * (1 - 6 / 4))
     assert est.by_k[6] == pytest.approx(six) and est.by_k[0] == 1.0
     assert est.pays and est.best_k == max(range(17), key=lambda j: est.by_k[j])
     assert "pays" in est.explain() and "modelled" in est.explain()
@@ -194,13 +196,20 @@ def with_baseline(hub: Hub, tmp_path: Path, setup: EngineSetup = SETUP) -> StepP
     return loaded
 
 
-def speculative_hub(clock: Clock, accepted: int = 3) -> Hub:
+def speculative_hub(clock: Clock, accepted: int = 3, sixteen_s: float = 0.030) -> Hub:
+    """Speculative steps of 8 ms at batch 1 and ``sixteen_s`` at batch 16 (against :func:`with_baseline`'s 3.6 and
+    6 ms); every request accepts ``accepted`` of its 4 draft tokens."""
     hub = Hub(clock=clock)
     hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model", setup=SETUP))
     hub.cost_ratio = CostRatio(0.25, "estimated from parameters per token", 100, 25)
     steps(hub, clock, 1, 0.008, 30, accepted=accepted, prefill_s=0.004)
-    steps(hub, clock, 16, 0.030, 30, accepted=accepted, prefill_s=0.064)
+    steps(hub, clock, 16, sixteen_s, 30, accepted=accepted, prefill_s=0.064)
     return hub
+
+
+#: Speculative steps at batch 16 this long (c ≈ 3): no K > 0 comes near the K = 0 range's one draft pass a step, and
+#: vLLM's schedule drops to K = 0 there while batch 1 runs K = 3.
+STEEP = 0.080
 
 
 def test_the_traffic_answer_weighs_each_batch_size_by_the_time_spent_there(tmp_path: Path) -> None:
@@ -309,29 +318,37 @@ def test_k_table_and_a_ready_to_paste_schedule(tmp_path: Path) -> None:
     # Every draft accepted exactly three tokens: a fourth is never accepted, so K=3 beats the running K=4.
     assert table[1].k == 3 and table[1].speedup > table[1].running_speedup > 1
     # At 16 a speculative step costs 5x a plain one (c = 1): no K pays. A K=0 range would still run a draft pass,
-    # priced at batch 1's c (where verification costs least), so the schedule keeps K=1 (two tokens a step at
-    # twice the cost) there, where removing speculation would be best.
+    # priced at batch 1's c (where verification costs least), so the schedule keeps K=3 (four tokens a step) there,
+    # where removing speculation would be best.
     c1 = measured_cost(snap, 1)
     assert c1 is not None and 0 < c1.value < 1
     assert table[16].k0_speedup == pytest.approx(1 / (1 + c1.value), abs=0.02) and "measured at batch 1" in (
         estimate(snap, batch_size=16).k0_basis)  # type: ignore[union-attr]
-    assert table[16].k == 1 and table[16].k0_speedup < table[16].speedup < 1
+    assert table[16].k == 3 and table[16].k0_speedup < table[16].speedup < 1
     assert estimate(snap, batch_size=16).best_k == 0  # type: ignore[union-attr]
+    assert k_schedule(snap) == [(1, 16, 3)] and recommended_config(snap) == {"num_speculative_tokens": 3}
+    # Steeper at 16 (c ≈ 3): the K=0 range's draft pass beats every K > 0 there, and the schedule drops to it.
+    hub = speculative_hub(Clock(), sixteen_s=STEEP)
+    with_baseline(hub, tmp_path)
+    snap = hub.snapshot()
+    table = {c.batch_size: c for c in k_table(snap)}
+    assert table[1].k == 3 and table[16].k == 0 and table[16].speedup == pytest.approx(table[16].k0_speedup)
     schedule = k_schedule(snap)
-    assert schedule[0][0] == 1 and schedule[0][2] == 3 and schedule[-1][1:] == (16, 1)  # max_num_seqs = 16
+    assert schedule[0][0] == 1 and schedule[0][2] == 3 and schedule[-1][1:] == (16, 0)  # max_num_seqs = 16
     assert all(a[1] + 1 == b[0] for a, b in itertools.pairwise(schedule))  # contiguous ranges
     for start, end, k in schedule:  # between measured sizes, the estimate on interpolated step times
         for b in range(start, end + 1):
             assert estimate(snap, batch_size=b).scheduled_k == k, b  # type: ignore[union-attr]
     config = schedule_config(schedule)
     assert config is not None and config["num_speculative_tokens"] == max(k for *_, k in schedule)
-    assert config["num_speculative_tokens_per_batch_size"][-1][2] == 1
+    assert config["num_speculative_tokens_per_batch_size"][-1][2] == 0
     assert recommended_config(snap) == config  # batch 1 pays
     from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
 
     assert validate_and_normalize_dynamic_sd_schedule(config["num_speculative_tokens_per_batch_size"]) == schedule
     text = "\n".join(schedule_text(snap))
-    assert "costs at batch 16 (0.98x): if the engine runs there most, remove speculative_config" in text
+    assert (f"costs at batch 16 ({table[16].speedup:.2f}x): if the engine runs there most, remove "
+            "speculative_config") in text
     assert '"num_speculative_tokens_per_batch_size": [[1, ' in text
     assert schedule_config([(1, 16, 0)]) is None
     # One K throughout is num_speculative_tokens alone: vLLM runs it the same, without a schedule's buffers.
@@ -476,7 +493,7 @@ def test_the_k_schedule_moves_one_way_between_measured_batch_sizes() -> None:
 
 def test_lossy_verification_is_said_and_a_dropped_schedule_is_not_offered(tmp_path: Path) -> None:
     clock = Clock()
-    hub = speculative_hub(clock)
+    hub = speculative_hub(clock, sixteen_s=STEEP)
     with_baseline(hub, tmp_path)
     hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model", setup=SETUP,
                               rejection_sample_method="fly"))
@@ -679,7 +696,7 @@ def test_an_engine_that_manages_k_itself_gets_no_schedule_and_its_drafted_k_is_r
     spec.enable_adaptive_verification = False
     assert not engine_info(SimpleNamespace(speculative_config=spec)).adaptive_verification
     clock = Clock()
-    hub = speculative_hub(clock)
+    hub = speculative_hub(clock, sixteen_s=STEEP)
     with_baseline(hub, tmp_path)
     assert "num_speculative_tokens_per_batch_size" in (recommended_config(hub.snapshot()) or {})  # a schedule
     hub.set_engine(replace(hub.snapshot().engine, adaptive_verification=True))

@@ -316,7 +316,8 @@ def _estimate(snap: Snapshot, cost: CostRatio | None, batch_size: int | None) ->
     tokens = observed if observed is not None else acc.tokens_per_step(k, rates, a)
     rho, draft_prefill = _prefill_per_decode(snap, batch, tokens), _draft_prefill(snap)
 
-    def speedup_at(j: int, rates: tuple[float, ...], a: float, tokens: float, c: float, fixed: float = 0.0) -> float:
+    def speedup_at(j: int, rates: tuple[float, ...], a: float, tokens: float, c: float,
+                   fixed: float = uncertainty.FIXED) -> float:
         """End-to-end speedup at K = ``j`` > 0 for these inputs (``tokens``: observed at the running K). ``fixed``:
         the share of one draft token's cost c that a step pays whatever its K (see :func:`_interval`): at the running
         K, k·c = fixed·c + k·(c − fixed·c/k), so a step at j costs 1 + j·c + fixed·c·(1 − j/k)."""
@@ -377,7 +378,8 @@ def _k0_estimate(snap: Snapshot, cost: CostRatio | None, batch: int, per_positio
     tokens = observed if observed is not None else acc.tokens_per_step(k_ref, rates, a)
     rho, draft_prefill = _prefill_per_decode(snap, batch, 1.0), _draft_prefill(snap)
 
-    def speedup_at(j: int, rates: tuple[float, ...], a: float, tokens: float, c0: float, fixed: float = 0.0) -> float:
+    def speedup_at(j: int, rates: tuple[float, ...], a: float, tokens: float, c0: float,
+                   fixed: float = uncertainty.FIXED) -> float:
         """End-to-end speedup at K = ``j`` for these inputs (``tokens``: observed at ``k_ref``; 0: the range as it
         runs, with speculation configured). ``fixed``: the share of c0 a step pays whatever its K (see
         :func:`_interval`), paid once, not at each of the j draft passes: 1 + j·(c0 + verify) − (j − 1)·fixed·c0."""
@@ -459,9 +461,9 @@ def _interval(snap: Snapshot, batch: int | None, k: int, c: float, measured: boo
 
     At a K other than the running one, the model's own unknown is drawn too: a speculative step pays part of its
     cost whatever its K (vLLM's speculative path: sampling, bookkeeping, the proposer's set-up), and one K's step
-    time cannot tell that part from the cost per draft token. The point takes none (every draft token costs c);
-    each draw takes a share between none and one draft token's worth (:func:`uncertainty.fixed_shares`), which
-    lowers K below the running one and raises K above it. Each K's interval holds its point."""
+    time cannot tell that part from the cost per draft token. Each draw takes a share between none and one draft
+    token's worth (:func:`uncertainty.fixed_shares`), which lowers K below the running one and raises K above it;
+    the point takes the middle (:data:`uncertainty.FIXED`). Each K's interval holds its point."""
     res = uncertainty.resample(snap)
     if res is None or not res.draws:
         return None, "", None
@@ -485,7 +487,7 @@ def _interval(snap: Snapshot, batch: int | None, k: int, c: float, measured: boo
         ends = []
         for j in range(1, acc.K_MAX + 1):
             lo, hi = uncertainty.quantiles([speedup_at(j, *x) for x in draws])
-            p = speedup_at(j, *point, c, 0.0)
+            p = speedup_at(j, *point, c, uncertainty.FIXED)
             ends.append((min(lo, p), max(hi, p)))
         return (1.0, *(lo for lo, _ in ends)), (1.0, *(hi for _, hi in ends))
 

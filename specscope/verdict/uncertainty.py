@@ -123,6 +123,11 @@ def noise(draws: int, spread: float) -> list[float]:
     return [1.0 + spread * max(-3.0, min(3.0, rng.gauss(0.0, 1.0))) for _ in range(draws)]
 
 
+#: The point's share of one draft token's cost that a step pays whatever its K: the middle of the draws' (between none
+#: and all of it). Taking none put every K below the running one at the top of its interval, and measured them high.
+FIXED = 0.5
+
+
 def fixed_shares(draws: int) -> list[float]:
     """One per draw: the share of one draft token's cost that a speculative step pays whatever its K, uniform
     between none and all of it (one K's step time does not tell; see ``speedup._interval``)."""

@@ -221,7 +221,7 @@ def test_advice_with_a_k0_range_is_a_fixed_point(tiny: dict[str, Path], plain: A
         schedule_config,
     )
 
-    applied = [[1, 10, 1], [11, 256, 0]]
+    applied = [[1, 5, 1], [6, 256, 0]]
     wait_stopped()  # the plain step at 16 is timed with no engine of an earlier test still exiting
     # The median of three rounds: one caught in the moments after an earlier test's engines were killed would time
     # a plain step slower than this draft's K = 0 step, and the baseline would be refused as not comparable.
@@ -246,7 +246,7 @@ def test_advice_with_a_k0_range_is_a_fixed_point(tiny: dict[str, Path], plain: A
     assert {1, 16} <= set(table), (sixteen.explain() if sixteen else None, snap.lifetime.step_times, base)
     assert sixteen is not None and sixteen.k == 0 and sixteen.measured and sixteen.expected_speedup < 1.0
     # The same K at every batch size measured: K=1 in the first range, K=0 in the second.
-    assert {b: c.k for b, c in table.items()} == {b: 1 if b <= 10 else 0 for b in table}
+    assert {b: c.k for b, c in table.items()} == {b: 1 if b <= 5 else 0 for b in table}
     schedule = k_schedule(snap)
     assert schedule[0][2] == 1 and schedule[-1][2] == 0
     assert next(k for lo, hi, k in schedule if lo <= 16 <= hi) == 0

@@ -12,7 +12,7 @@ from specscope.model import SCHEDULABLE_METHODS, EngineInfo, StepProfile, StepTi
 from specscope.sizing import MODEL_FREE_METHODS
 from specscope.tui.view import spec_panel
 from specscope.verdict import estimate, k_table, recommended_config, schedule_text
-from tests.test_verdict import K0_SCHEDULE, SETUP, Clock, k0_hub, steps
+from tests.test_verdict import K0_SCHEDULE, SETUP, STEEP, Clock, k0_hub, steps
 
 #: specscope's methods, and two of vLLM's that it lists nowhere.
 METHODS = sorted(SCHEDULABLE_METHODS | MODEL_FREE_METHODS | {"medusa", "custom_class"})
@@ -31,7 +31,7 @@ def test_the_panel_gives_a_schedule_or_one_k_for_every_method(method: str, dp: i
     hub.set_engine(EngineInfo(num_speculative_tokens=4, method=method, setup=setup, data_parallel_size=dp))
     hub.set_baseline(StepProfile((StepTime(1, 50, 0.0036), StepTime(4, 50, 0.0040), StepTime(16, 50, 0.0060)),
                                  "measured on /m/target", setup))
-    steps(hub, clock, 16, 0.030, 30, accepted=3, prefill_s=0.064)
+    steps(hub, clock, 16, STEEP, 30, accepted=3, prefill_s=0.064)
     steps(hub, clock, 1, 0.008, 30, accepted=3, prefill_s=0.004)
     snap = hub.snapshot()
     table = k_table(snap)
@@ -62,7 +62,7 @@ def test_a_schedule_says_what_it_costs_in_cuda_graphs(device: str, runner: str, 
     hub.set_engine(EngineInfo(num_speculative_tokens=4, method="eagle3", setup=setup))
     hub.set_baseline(StepProfile((StepTime(1, 50, 0.0036), StepTime(4, 50, 0.0040), StepTime(16, 50, 0.0060)),
                                  "measured on /m/target", setup))
-    steps(hub, clock, 16, 0.030, 30, accepted=3, prefill_s=0.064)
+    steps(hub, clock, 16, STEEP, 30, accepted=3, prefill_s=0.064)
     steps(hub, clock, 1, 0.008, 30, accepted=3, prefill_s=0.004)
     text = "\n".join(schedule_text(hub.snapshot()))
     assert "num_speculative_tokens_per_batch_size" in text
