@@ -7,8 +7,8 @@ import contextlib
 import statistics
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specscope.collectors.vllm_engine import traffic_class
@@ -61,28 +61,31 @@ def measure_step_times(llm: Any, batch_sizes: Sequence[int], tokens: int = 64, r
     for _ in range(rounds):
         for i, chosen in enumerate(sets):
             measured[i].append(run(tokens, chosen, round_s))
-    merged = [merge_profiles(m) for m in measured]
-
-    def means(i: int, batch: int) -> list[float]:
-        return [r.mean_s for m in measured[i] for r in m.times if r.batch_size == batch and r.steps]
-
-    contrast = {t.batch_size: t for t in merged[-1].times} if len(merged) > 1 else {}
+    contrast = {t.batch_size: t for t in median_rows(measured[-1], batch_sizes)} if len(sets) > 1 else {}
     times = []
-    for t in merged[0].times:
-        if t.batch_size not in batch_sizes or not t.steps:
-            continue
-        mine = means(0, t.batch_size)
-        mean_s = statistics.median(mine)
+    for t in median_rows(measured[0], batch_sizes):
         other = contrast.get(t.batch_size)
-        slope = 0.0
-        if other is not None and other.steps and t.context and other.context and \
+        if other is not None and t.context and other.context and \
                 abs(other.context - t.context) >= 0.5 * max(other.context, t.context):  # far enough apart to tell
-            slope = max(0.0, (statistics.median(means(len(merged) - 1, t.batch_size)) - mean_s)
-                        / (other.context - t.context))
-        spread = statistics.stdev(mine) / mean_s if len(mine) > 1 and mean_s > 0 else 0.0
-        times.append(StepTime(t.batch_size, t.steps, mean_s, context=t.context, context_slope=slope, spread=spread))
+            t = replace(t, context_slope=max(0.0, (other.mean_s - t.mean_s) / (other.context - t.context)))
+        times.append(t)
     snap = llm.snapshot()
     return StepProfile(tuple(times), f"measured on {snap.engine.model}", snap.engine.setup)
+
+
+def median_rows(rounds: Sequence[StepProfile], batch_sizes: Collection[int]) -> list[StepTime]:
+    """One engine's decode steps at each of ``batch_sizes`` over ``rounds`` (a reading each): the median round's
+    mean, so that one round caught in a slow spell of the machine does not move it; steps and context pooled; and,
+    with two rounds or more, the rounds' relative spread (standard deviation / mean)."""
+    rows = []
+    for t in merge_profiles(list(rounds)).times:
+        if t.batch_size not in batch_sizes or not t.steps:
+            continue
+        means = [r.mean_s for m in rounds for r in m.times if r.batch_size == t.batch_size and r.steps]
+        mean_s = statistics.median(means)
+        spread = statistics.stdev(means) / mean_s if len(means) > 1 and mean_s > 0 else 0.0
+        rows.append(StepTime(t.batch_size, t.steps, mean_s, context=t.context, spread=spread))
+    return rows
 
 
 def _contrast(llm: Any, reference: Sequence[Any], tokens: int, batch: int) -> list[Any]:

@@ -10,9 +10,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from specscope import intervals
 from specscope.evaluate.choose import choose_schedule
 from specscope.evaluate.results import Candidate, Cell, Evaluation, KRun
 from specscope.evaluate.workload import Workload
+from specscope.model import StepProfile
 
 #: Each engine's share of a GPU's memory (vLLM's ``gpu_memory_utilization``, a per-engine budget) where the plain
 #: target and a candidate run side by side on it: vLLM's default 0.92 for the first leaves the second no room.
@@ -53,9 +55,9 @@ class Runner:
         self.progress = progress
         self.plain: Any = None
         self.spec: Any = None
-        #: Seconds an engine start, a window and a calibration took (for the time left).
-        self.took: dict[str, list[float]] = {"start": [], "window": [], "calibration": []}
-        self.todo: dict[str, int] = {"start": 0, "window": 0, "calibration": 0}
+        #: Seconds an engine start and a window took (for the time left).
+        self.took: dict[str, list[float]] = {"start": [], "window": []}
+        self.todo: dict[str, int] = {"start": 0, "window": 0}
         #: Indexes of the workload's prompts that some window ran.
         self.ran: set[int] = set()
 
@@ -80,8 +82,7 @@ class Runner:
     # -- time left
     def _plan(self, candidates: int, ks: int, batches: int) -> None:
         """What is left for ``candidates`` more candidates (each: its Ks and maybe a schedule run)."""
-        self.todo = {"start": candidates * (ks + 1), "window": candidates * (ks + 1) * self.rounds * batches * 2,
-                     "calibration": candidates * ks}
+        self.todo = {"start": candidates * (ks + 1), "window": candidates * (ks + 1) * self.rounds * batches * 2}
 
     def _done(self, kind: str, seconds: float) -> None:
         self.took[kind].append(seconds)
@@ -89,7 +90,7 @@ class Runner:
 
     def left(self) -> str:
         """The time left, estimated from what each kind of work took so far."""
-        guess = {"start": 40.0, "window": self.window_s * 1.1 + 0.5, "calibration": 10.0}
+        guess = {"start": 40.0, "window": self.window_s * 1.1 + 0.5}
         s = sum(n * (statistics.mean(self.took[kind]) if self.took[kind] else guess[kind])
                 for kind, n in self.todo.items())
         return f"about {int(s // 60)}m{int(s % 60):02d}s left"
@@ -108,8 +109,8 @@ class Runner:
                 for k in ks:
                     run = cand.runs.setdefault(k, KRun(k))
                     self.spec = self._start(cand.config(k))
-                    hub = self._measure(self.spec, run.cells, work, sizes, f"{label} K={k}")
-                    self._predict(cand, run, hub, work, sizes)
+                    hub, plain = self._measure(self.spec, run.cells, work, sizes, f"{label} K={k}")
+                    self._predict(cand, run, hub, plain, sizes)
                     _shutdown(self.spec)
                     self.spec = None
                 cand.schedule = choose_schedule(cand, sizes, max_batch, one_k)
@@ -151,19 +152,22 @@ class Runner:
         for b in sizes:
             llm.generate([work.prompts[i % len(work.prompts)] for i in range(b)], params, use_tqdm=False)
 
-    def _measure(self, spec: Any, cells: dict[int, Cell], work: Workload, sizes: Sequence[int], label: str) -> Any:
+    def _measure(self, spec: Any, cells: dict[int, Cell], work: Workload, sizes: Sequence[int],
+                 label: str) -> tuple[Any, StepProfile]:
         """Rounds of plain and speculative throughput at each batch size (which goes first alternating); returns
-        the hub that recorded the speculative engine's measured runs."""
+        the hub that recorded the speculative engine's measured runs, and the plain engine's step times in them."""
         import specscope
-        from specscope.measure import PromptOrder, steady_throughput
+        from specscope.measure import PromptOrder, median_rows, steady_throughput
 
         self._warm(spec, work, sizes)
         hub = specscope.Hub(window_s=3600, max_requests=100_000)
         specscope.instrument(spec, hub)
+        plain_rounds = []
         # Every run walks the workload (its classes interleaved) through to its end, window after window, plain and
         # speculative on the same stretch of it, every run alike: the whole file is measured, not its first prompts.
         order = PromptOrder(len(work.prompts))
         for r in range(self.rounds):
+            before = self.plain.snapshot().lifetime.step_times
             for i, b in enumerate(sizes):
                 cell = cells.setdefault(b, Cell())
                 tok_s = {}
@@ -178,19 +182,19 @@ class Runner:
                 cell.spec.append(tok_s["spec"])
                 self.progress(f"{label} batch {b} round {r + 1}/{self.rounds}: {tok_s['spec'] / tok_s['plain']:.2f}x "
                               f"(plain {tok_s['plain']:.0f} tok/s, speculative {tok_s['spec']:.0f}); {self.left()}")
-        return hub
+            plain_rounds.append(intervals.since(self.plain.snapshot().lifetime.step_times, before))
+        plain = self.plain.snapshot().engine
+        return hub, StepProfile(tuple(median_rows(plain_rounds, sizes)),
+                                "the target without speculation, alternated with this one on the workload", plain.setup)
 
-    def _predict(self, cand: Candidate, run: KRun, hub: Any, work: Workload, sizes: Sequence[int]) -> None:
-        """specscope's estimate of the run against the plain engine's step times measured now; acceptance by
-        position and class; the draft's KV cost."""
-        from specscope.measure import measure_step_times
+    def _predict(self, cand: Candidate, run: KRun, hub: Any, plain: StepProfile, sizes: Sequence[int]) -> None:
+        """specscope's estimate of the run against ``plain``, the target's step times without speculation in the same
+        windows (the same prompts and contexts, the machine as it ran then); acceptance by position and class; the
+        draft's KV cost."""
         from specscope.memory import draft_kv_cost
         from specscope.verdict import estimate
 
-        t0 = time.monotonic()
-        # On the workload's own prompts: the contexts the runs attend over, with no slope to extrapolate along.
-        hub.set_baseline(measure_step_times(self.plain, sizes, tokens=64, rounds=1, prompts=work.prompts, contexts=1))
-        self._done("calibration", time.monotonic() - t0)
+        hub.set_baseline(plain)
         snap = hub.snapshot()
         for b in sizes:
             est = estimate(snap, batch_size=b)
