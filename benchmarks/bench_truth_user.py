@@ -8,11 +8,15 @@ For each pair:
   tokens, 3 rounds; the batch sizes of the cells): no ``--prompts``, no flag a user must know;
 - **prediction**: a speculative engine at K = 4 (the running K) with that baseline runs sample A of the traffic
   (``tiny_models.prompts(64, seed=11)``, each request's output length drawn from 48-144 tokens) with the batch held
-  full at each batch size for a few seconds, once; the estimate at each batch size gives the expected speedup at
+  full at each batch size for a few seconds, once, walking on through the sample from one batch size to the next as
+  a server's queue does; the estimate at each batch size gives the expected speedup at
   every K, with its interval;
 - **measured**: for K in 1, 2, 4, 6, a speculative engine at that K and the plain target run sample B
   (``seed=12``, its own output lengths from the same range) alternately, the batch held full, the median of the
-  rounds' ratios of output tokens/s.
+  rounds' ratios of output tokens/s. Each round walks on through the sample from where the cell's last round
+  stopped (both engines of a round run the same prompts): a cell at batch 1 is not the sample's first ten prompts
+  again and again. Every engine runs without prefix caching: each engine prefills each prompt it is given, as
+  both would for a served request never seen before.
 
 Output lengths vary as served traffic's do: with one length for every request, the plain engine's batch finishes
 in lockstep and prefills its replacements together in one step, while a speculative engine's requests finish
@@ -49,7 +53,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from benchmarks._common import RESULTS, write
 from specscope import codec, intervals, tiny_models
-from specscope.measure import measure_step_times, steady_throughput
+from specscope.measure import PromptOrder, measure_step_times, steady_throughput
 from specscope.tiny_models.models import llama_config
 
 KS = (1, 2, 4, 6)
@@ -111,8 +115,11 @@ def engine(target: Path, length: int, draft: Path | None = None, k: int = 0, **k
 
     spec: dict[str, Any] = {} if draft is None else {
         "speculative_config": {"method": "draft_model", "model": str(draft), "num_speculative_tokens": k}}
+    # Prefix caching off, as in bench_truth and `specscope evaluate`: the plain engine serves sample B beside every
+    # K's engine in turn, and with its cache warm from the K before, it would prefill the prompts it saw for nothing
+    # while each fresh speculative engine pays them (served traffic's new prompts are paid by both).
     return specscope.LLM(str(target), specscope_hub=Hub(window_s=600), enforce_eager=True, dtype="float32",
-                         max_model_len=length, seed=0, **spec, **kw)
+                         max_model_len=length, seed=0, enable_prefix_caching=False, **spec, **kw)
 
 
 def shutdown(llm: Any) -> None:
@@ -128,8 +135,10 @@ def run_pair(name: str, target: Path, draft: Path, length: int, samples: tuple[l
     print(f"{name}: calibrating as `specscope calibrate` does by default", flush=True)
     baseline = measure_step_times(plain, BATCHES)
     spec = engine(target, length, draft, RUNNING_K, specscope_baseline=baseline)
+    order = PromptOrder(len(samples[0]))
     for b in BATCHES:
-        steady_throughput(spec, b, PREDICT_S, samples[0], TOKENS_A)
+        steady_throughput(spec, b, PREDICT_S, samples[0], TOKENS_A, order=order)
+        order.next_window()
     snap = spec.snapshot()
     (RESULTS / f"truth_user_{name}.snapshot.json").write_text(json.dumps(codec.to_dict(snap)) + "\n")
     estimates = {b: estimate(snap, batch_size=b) for b in BATCHES}
@@ -145,15 +154,13 @@ def run_pair(name: str, target: Path, draft: Path, length: int, samples: tuple[l
         spec = engine(target, length, draft, k)
         measured[k] = {}
         for b in BATCHES:
-            ratios = []
+            ratios, order = [], PromptOrder(len(samples[1]))
             for r in range(rounds):
-                if r % 2:
-                    s = steady_throughput(spec, b, WINDOW_S, samples[1], TOKENS_B, settle=True)
-                    p = steady_throughput(plain, b, WINDOW_S, samples[1], TOKENS_B, settle=True)
-                else:
-                    p = steady_throughput(plain, b, WINDOW_S, samples[1], TOKENS_B, settle=True)
-                    s = steady_throughput(spec, b, WINDOW_S, samples[1], TOKENS_B, settle=True)
-                ratios.append(s / p)
+                first, second = (spec, plain) if r % 2 else (plain, spec)
+                got = {id(llm): steady_throughput(llm, b, WINDOW_S, samples[1], TOKENS_B, order=order, settle=True)
+                       for llm in (first, second)}
+                ratios.append(got[id(spec)] / got[id(plain)])
+                order.next_window()
             measured[k][b] = statistics.median(ratios)
             rounds_seen[(k, b)] = ratios
         if k == RUNNING_K:
@@ -285,7 +292,8 @@ def main() -> None:
                            f"sizes {BATCHES} held full; predicted from one K={RUNNING_K} run of {PREDICT_S:g} s a "
                            "batch size on sample A (seed 11) against a baseline of `specscope calibrate`'s defaults; "
                            f"measured on sample B (seed 12), median of {args.rounds} alternating rounds of "
-                           f"{WINDOW_S:g} s counted once the batch's first prompts were prefilled",
+                           f"{WINDOW_S:g} s counted once the batch's first prompts were prefilled; both samples walked "
+                           "through, each window starting where the last stopped; prefix caching off",
                "summary": summarize(results), "pairs": results}
         write("truth_user", doc)
         (RESULTS / "truth_user.md").write_text(table(results))
