@@ -9,8 +9,7 @@ For each pair:
 - **prediction**: a speculative engine at K = 4 (the running K) with that baseline runs sample A of the traffic
   (``tiny_models.prompts(64, seed=11)``, each request's output length drawn from 48-144 tokens) with the batch held
   full at each batch size for a few seconds, once, walking on through the sample from one batch size to the next as
-  a server's queue does; the estimate at each batch size gives the expected speedup at
-  every K, with its interval;
+  a server's queue does; the estimate at each batch size gives the expected speedup at every K, with its interval;
 - **measured**: for K in 1, 2, 4, 6, a speculative engine at that K and the plain target run sample B
   (``seed=12``, its own output lengths from the same range) alternately, the batch held full, the median of the
   rounds' ratios of output tokens/s. Each round walks on through the sample from where the cell's last round

@@ -183,9 +183,9 @@ class Runner:
                 self.progress(f"{label} batch {b} round {r + 1}/{self.rounds}: {tok_s['spec'] / tok_s['plain']:.2f}x "
                               f"(plain {tok_s['plain']:.0f} tok/s, speculative {tok_s['spec']:.0f}); {self.left()}")
             plain_rounds.append(intervals.since(self.plain.snapshot().lifetime.step_times, before))
-        plain = self.plain.snapshot().engine
+        setup = self.plain.snapshot().engine.setup
         return hub, StepProfile(tuple(median_rows(plain_rounds, sizes)),
-                                "the target without speculation, alternated with this one on the workload", plain.setup)
+                                "the target without speculation, alternated with this one on the workload", setup)
 
     def _predict(self, cand: Candidate, run: KRun, hub: Any, plain: StepProfile, sizes: Sequence[int]) -> None:
         """specscope's estimate of the run against ``plain``, the target's step times without speculation in the same
