@@ -183,6 +183,7 @@ def run_pair(name: str, target: Path, draft: Path, length: int, samples: tuple[l
             # sample B (measuring) ...
             "plain_serving_ms": {b: round(1e3 * t.mean_s, 2) for b in BATCHES
                                  if (t := serving.get(b)) is not None},
+            "plain_priced_ms": _priced(baseline, serving),
             "plain_serving_context": {b: round(t.context, 1) for b in BATCHES if (t := serving.get(b)) is not None},
             "tokens_per_step": {"sample_a": predicting_tokens, "sample_b": measuring_tokens},
             # ... and the running K's own decode steps in both: the prediction takes sample A's.
@@ -194,7 +195,10 @@ def judge(cells: list[dict[str, Any]], estimates: dict[int, Any]) -> list[dict[s
     out = []
     for cell in cells:
         k, b, m = cell["k"], cell["batch"], cell["measured"]
-        base = {"k": k, "batch": b, "measured": m, "rounds": cell["rounds"]}
+        rounds = cell["rounds"]
+        # How far the measurement itself scatters: its rounds' range over the median it reports.
+        base = {"k": k, "batch": b, "measured": m, "rounds": rounds,
+                "rounds_spread": round((max(rounds) - min(rounds)) / m, 3)}
         est = estimates[b]
         if est is None:
             out.append({**base, "predicted": None})
@@ -216,14 +220,31 @@ def judge(cells: list[dict[str, Any]], estimates: dict[int, Any]) -> list[dict[s
 def replay() -> dict[str, Any]:
     """The saved results judged again by this checkout's verdict, on each pair's saved predicting snapshot: a
     change to the model is checked against the same measurements without running the engines again."""
+    from specscope.model import StepProfile, StepTime
     from specscope.verdict import estimate
 
     doc = json.loads((RESULTS / "truth_user.json").read_text())
     for name, pair in doc["pairs"].items():
         snap = codec.from_dict(json.loads((RESULTS / f"truth_user_{name}.snapshot.json").read_text()))
         pair["cells"] = judge(pair["cells"], {b: estimate(snap, batch_size=b) for b in BATCHES})
+        if snap.baseline is not None:
+            served = StepProfile(tuple(StepTime(int(b), 100, 1e-3 * ms, context=pair["plain_serving_context"][b])
+                                       for b, ms in pair["plain_serving_ms"].items()))
+            pair["plain_priced_ms"] = _priced(snap.baseline, served)
     doc["summary"] = summarize(doc["pairs"])
     return doc
+
+
+def _priced(baseline: Any, serving: Any) -> dict[int, float]:
+    """The plain step the baseline prices at each batch size, at the context the plain engine served sample B at:
+    set beside ``plain_serving_ms``, how far calibration's lockstep batches of short prompts are from serving."""
+    out = {}
+    for b in BATCHES:
+        t = serving.get(b)
+        priced = None if t is None else baseline.at(b, context=t.context)
+        if priced is not None:
+            out[b] = round(1e3 * priced, 2)
+    return out
 
 
 def _step_ms(times: Any) -> dict[int, float | None]:
@@ -249,7 +270,9 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
             "within_10pct": sum(c["within_10pct"] for c in cells),
             "inside_interval": sum(c["inside_interval"] for c in intervals), "with_interval": len(intervals),
             "calls_right": sum(c["call_right"] for c in calls), "calls": len(calls),
-            "wrong_not_paying": sum(c["wrong_not_paying"] for c in cells)}
+            "wrong_not_paying": sum(c["wrong_not_paying"] for c in cells),
+            # Cells whose own measurement is no finer than the 10% goal: their rounds span more than 10%.
+            "measured_rounds_over_10pct": sum(c.get("rounds_spread", 0.0) > 0.10 for c in cells)}
 
 
 def table(results: dict[str, Any]) -> str:
@@ -265,6 +288,15 @@ def table(results: dict[str, Any]) -> str:
                 row.append(f"{c['measured']:.2f} / " + ("n/a" if c["predicted"] is None else f"{c['predicted']:.2f}")
                            + ("" if not iv else f" ({iv[0]:.2f}-{iv[1]:.2f})"))
             lines.append(f"| {name} | {k} | " + " | ".join(row) + " |")
+    lines += ["", "The plain step in ms: priced by the baseline at the context served, and served (sample B, beside "
+              "every K)", "", "| pair | " + " | ".join(f"batch {b}: priced / served" for b in BATCHES) + " |",
+              "|---|" + "---|" * len(BATCHES)]
+    for name, r in results.items():
+        priced, served = ({str(b): ms for b, ms in r.get(key, {}).items()}  # int keys until saved as JSON
+                          for key in ("plain_priced_ms", "plain_serving_ms"))
+        lines.append(f"| {name} | " + " | ".join(
+            f"{priced[str(b)]:.2f} / {served[str(b)]:.2f} ({served[str(b)] / priced[str(b)] - 1:+.0%})"
+            if str(b) in priced and str(b) in served else "n/a" for b in BATCHES) + " |")
     return "\n".join(lines) + "\n"
 
 
