@@ -188,7 +188,7 @@ def run_pair(name: str, target: Path, draft: Path, length: int, samples: tuple[l
             # sample B (measuring) ...
             "plain_serving_ms": {b: round(1e3 * t.mean_s, 2) for b in BATCHES
                                  if (t := serving.get(b)) is not None},
-            "plain_priced_ms": _priced(baseline, serving),
+            "plain_priced_ms": _priced(baseline, {b: t.context for b in BATCHES if (t := serving.get(b)) is not None}),
             "plain_serving_context": {b: round(t.context, 1) for b in BATCHES if (t := serving.get(b)) is not None},
             "tokens_per_step": {"sample_a": predicting_tokens, "sample_b": measuring_tokens},
             # ... and the running K's own decode steps in both: the prediction takes sample A's.
@@ -225,7 +225,6 @@ def judge(cells: list[dict[str, Any]], estimates: dict[int, Any]) -> list[dict[s
 def replay() -> dict[str, Any]:
     """The saved results judged again by this checkout's verdict, on each pair's saved predicting snapshot: a
     change to the model is checked against the same measurements without running the engines again."""
-    from specscope.model import StepProfile, StepTime
     from specscope.verdict import estimate
 
     doc = json.loads((RESULTS / "truth_user.json").read_text())
@@ -233,23 +232,17 @@ def replay() -> dict[str, Any]:
         snap = codec.from_dict(json.loads((RESULTS / f"truth_user_{name}.snapshot.json").read_text()))
         pair["cells"] = judge(pair["cells"], {b: estimate(snap, batch_size=b) for b in BATCHES})
         if snap.baseline is not None:
-            served = StepProfile(tuple(StepTime(int(b), 100, 1e-3 * ms, context=pair["plain_serving_context"][b])
-                                       for b, ms in pair["plain_serving_ms"].items()))
-            pair["plain_priced_ms"] = _priced(snap.baseline, served)
+            pair["plain_priced_ms"] = _priced(snap.baseline, {int(b): context for b, context
+                                                              in pair["plain_serving_context"].items()})
     doc["summary"] = summarize(doc["pairs"])
     return doc
 
 
-def _priced(baseline: Any, serving: Any) -> dict[int, float]:
-    """The plain step the baseline prices at each batch size, at the context the plain engine served sample B at:
-    set beside ``plain_serving_ms``, how far calibration's lockstep batches of short prompts are from serving."""
-    out = {}
-    for b in BATCHES:
-        t = serving.get(b)
-        priced = None if t is None else baseline.at(b, context=t.context)
-        if priced is not None:
-            out[b] = round(1e3 * priced, 2)
-    return out
+def _priced(baseline: Any, contexts: dict[int, float]) -> dict[int, float]:
+    """The plain step in ms the baseline prices at each batch size of ``contexts``, at the context the plain engine
+    served sample B at there: set beside ``plain_serving_ms``, how far the calibration is from serving."""
+    return {b: round(1e3 * priced, 2) for b, context in contexts.items()
+            if (priced := baseline.at(b, context=context)) is not None}
 
 
 def _step_ms(times: Any) -> dict[int, float | None]:
@@ -277,7 +270,7 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
             "calls_right": sum(c["call_right"] for c in calls), "calls": len(calls),
             "wrong_not_paying": sum(c["wrong_not_paying"] for c in cells),
             # Cells whose own measurement is no finer than the 10% goal: their rounds span more than 10%.
-            "measured_rounds_over_10pct": sum(c.get("rounds_spread", 0.0) > 0.10 for c in cells)}
+            "measured_rounds_over_10pct": sum(c["rounds_spread"] > 0.10 for c in cells)}
 
 
 def table(results: dict[str, Any]) -> str:
