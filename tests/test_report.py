@@ -178,7 +178,7 @@ def test_report_polls_a_live_endpoint(tmp_path: Path) -> None:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         out = tmp_path / "live.html"
         r = specscope("report", f"http://127.0.0.1:{server.server_address[1]}", "-o", str(out), "--duration", "2",

@@ -46,7 +46,7 @@ class Server:
 
         self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.port = self.http.server_address[1]
-        self.thread = threading.Thread(target=self.http.serve_forever, daemon=True)
+        self.thread = threading.Thread(target=self.http.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self.thread.start()
 
     def close(self) -> None:
