@@ -36,6 +36,8 @@ def unhooked(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_offline_join_counts_each_request_once_even_when_its_second_part_is_late(
         tiny: Any, engines: Any, unhooked: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -48,7 +50,9 @@ def test_offline_join_counts_each_request_once_even_when_its_second_part_is_late
     memory = InMemorySpanExporter()
     tracers = TracerProvider()
     tracers.add_span_processor(SimpleSpanProcessor(memory))
-    exporter = OtelExporter(hub, tracer_provider=tracers)
+    # In-memory providers, as the application's own: nothing waits on a collector that is not there.
+    exporter = OtelExporter(hub, meter_provider=MeterProvider(metric_readers=[InMemoryMetricReader()]),
+                            tracer_provider=tracers)
     llm = specscope.LLM(str(tiny["target"]), specscope_hub=hub, disable_log_stats=False,
                         speculative_config=spec_config(tiny, "noise10"), **ENGINE_KW)
     try:
