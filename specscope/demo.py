@@ -161,9 +161,8 @@ class Demo:
         self.say("4/5 weak draft: starting a target whose first layer predicts it badly, as the draft")
         llm = self._engine(name, "deep10", WEAK_K, baseline)
         self.say("4/5 weak draft: acceptance under 30%; the weak-draft and not-paying alerts fire; best K is 0")
-        for _ in range(2):  # its alerts fire within seconds; they stay on screen
-            self._tok_s(llm, 1)
-            self._tok_s(llm, 16)
+        self._tok_s(llm, 1)  # its alerts fire within seconds and stay on
+        self._tok_s(llm, 16)
         self._close(llm)
 
 

@@ -205,12 +205,18 @@ def start_prometheus(jobs: dict[str, str], tmp: Path, up_within_s: float = 90,
     raise RuntimeError(f"{kind} did not scrape {sorted(jobs)} within {up_within_s:.0f} s")
 
 
+#: module -> the module it runs right after: the heads' last plain engine (deep01's, in vLLM's default layout) is
+#: the verdict's, kept in :class:`EnginePool` between them (an engine start is 14 s in that layout).
+FOLLOWS = {"test_verdict.py": "test_heads.py"}
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """With ``--quick``, leave out the tests marked :data:`SLOW_MARKERS`. Then run each engine configuration's tests
     together: pytest groups a module-scoped parametrized fixture by the *index* of its parameter, and an indirect
     parametrization (``["copy"]``) numbers from 0 again, so each such test would restart an engine (~35 s). Within
-    a module the tests are stably sorted by their ``run`` value."""
+    a module the tests are stably sorted by their ``run`` value. Last, the modules in :data:`FOLLOWS` move to just
+    after the module they share an engine with."""
     if config.getoption("quick"):
         kept: list[pytest.Item] = []
         slow: list[pytest.Item] = []
@@ -230,6 +236,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if len(order) > 1:
             items[start:end] = sorted(block, key=lambda item: order[_engine_param(item)])
         start = end
+    for module, after in FOLLOWS.items():
+        moved = [item for item in items if item.path.name == module]
+        rest = [item for item in items if item.path.name != module]
+        at = max((i + 1 for i, item in enumerate(rest) if item.path.name == after), default=len(rest))
+        items[:] = rest[:at] + moved + rest[at:]
 
 
 def _engine_param(item: pytest.Item) -> Any:

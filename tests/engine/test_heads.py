@@ -3,9 +3,9 @@ auxiliary hidden states, the head's own KV cache and shifted prefill), with its 
 the target's last hidden state fused with the embedding) and as a MiMo model with one MTP layer (method ``mtp``),
 all from ``specscope models``.
 
-One plain engine of each target (the two heads share deep01's) is the baseline and the "without speculation" of
-the measured speedup; one speculative engine at K = 4 serves the checks of counts, per-position acceptance, memory
-and the verdict's inputs.
+One plain engine of each target (the two heads share deep01's, as does test_verdict.py after them) is the baseline
+and the "without speculation" of the measured speedup; one speculative engine at K = 4 serves the checks of counts,
+per-position acceptance, memory and the verdict's inputs.
 """
 
 from __future__ import annotations
@@ -19,50 +19,36 @@ from typing import Any
 import pytest
 
 from specscope import Hub, tiny_models
-from tests.conftest import ENGINE_KW, greedy, shutdown, vllm_counters
-from tests.engine.test_verdict import run
+from tests.conftest import greedy, shutdown, vllm_counters
+from tests.engine.deep import DEEP, plain_target, run
 
 pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("user_layout")]  # timed: vLLM's default layout
 
-DEEP = {**ENGINE_KW, "max_model_len": 1024}
 PROMPTS = tiny_models.prompts(32, seed=43)
 
 
 #: method -> (target, speculative_config without K, KV bytes per token of the target over the head's)
 METHODS: dict[str, tuple[str, dict[str, str], int]] = {
+    # One MTP layer shaped as a target layer.
+    "mtp": ("deep01-mimo", {"method": "mtp"}, 12),
     # One head layer with 16 KV heads of 64 (eight carry the embedding) against 12 target layers of 8.
     "eagle3": ("deep01-target", {"method": "eagle3", "model": "deep01-eagle3"}, 6),
     # One head layer shaped as a target layer.
     "eagle": ("deep01-target", {"method": "eagle", "model": "deep01-eagle"}, 12),
-    # One MTP layer shaped as a target layer.
-    "mtp": ("deep01-mimo", {"method": "mtp"}, 12),
 }
 
 
-@pytest.fixture(scope="module")
-def plains(engines: Any) -> Iterator[dict[str, Any]]:
-    """The plain targets by name, one alive at a time: the EAGLE-3 and EAGLE-1 heads share deep01's."""
-    engines.close()  # two cores: this module's two engines only
-    alive: dict[str, Any] = {}
-    yield alive
-    for llm in alive.values():
-        shutdown(llm)
-
-
 @pytest.fixture(scope="module", params=list(METHODS))
-def pair(request: pytest.FixtureRequest, tiny: dict[str, Path], plains: dict[str, Any]) -> Iterator[tuple[Any, Any]]:
+def pair(request: pytest.FixtureRequest, tiny: dict[str, Path], engines: Any) -> Iterator[tuple[Any, Any]]:
     """(plain target, speculative engine at K = 4), both alive: they run alternately."""
     import specscope
 
     target, config, _ = METHODS[request.param]
-    for other in [name for name in plains if name != target]:
-        shutdown(plains.pop(other))
-    if target not in plains:
-        plains[target] = specscope.LLM(str(tiny[target]), specscope_hub=Hub(), **DEEP)
+    plain = plain_target(engines, tiny, target)
     spec = {k: str(tiny[v]) if k == "model" else v for k, v in config.items()}
     head = specscope.LLM(str(tiny[target]), specscope_hub=Hub(), disable_log_stats=False, **DEEP,
                          speculative_config={**spec, "num_speculative_tokens": 4})
-    yield plains[target], head
+    yield plain, head
     shutdown(head)
 
 

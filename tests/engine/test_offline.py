@@ -20,7 +20,7 @@ MAX_TOKENS = 48
 #: draft -> (lowest, highest) accepted/drafted expected with greedy decoding, K=4.
 BANDS = {"copy": (0.9, 1.0), "noise2": (0.5, 0.9), "noise10": (0.1, 0.4), "independent": (0.0, 0.05),
          "ngram": (0.05, 1.0)}
-ALERT_WINDOW_S = 2.5
+ALERT_WINDOW_S = 2.0
 
 
 @pytest.fixture(scope="module")

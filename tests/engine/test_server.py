@@ -50,8 +50,17 @@ def server_command(model: str, spec: dict[str, Any], port: int, *extra: str) -> 
 def start_server(cmd: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
     """Start a server in vLLM's default process layout (whatever the suite's offline engines use), once /health
     answers."""
+    return wait_up(launch(cmd, env, log_path), cmd, log_path)
+
+
+def launch(cmd: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    """The server's process, started (:func:`wait_up` waits for it to answer)."""
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=user_env(env))
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=user_env(env))
+
+
+def wait_up(proc: subprocess.Popen[bytes], cmd: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    """``proc`` once its /health answers; stopped, with its log's tail, if it exits or does not answer in 300 s."""
     url = f"http://127.0.0.1:{cmd[cmd.index('--port') + 1]}"
     deadline = time.monotonic() + 300
     while True:
@@ -63,8 +72,9 @@ def start_server(cmd: list[str], env: dict[str, str], log_path: Path) -> subproc
         except httpx.HTTPError:
             pass
         if time.monotonic() > deadline:
+            stop(proc)
             raise RuntimeError(f"server not up: {log_path.read_text()[-3000:]}")
-        time.sleep(1)
+        time.sleep(0.25)
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:

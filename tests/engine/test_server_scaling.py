@@ -22,26 +22,40 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import free_port, spec_config, start_prometheus
-from tests.engine.test_server import server_command, start_server, stop
+from tests.engine.test_server import launch, server_command, stop, wait_up
 
 pytestmark = pytest.mark.engine
 
 
 @pytest.fixture(scope="module")
-def scaled(tiny: Any, engines: Any, tmp_path_factory: Any) -> Iterator[tuple[str, int, Path]]:
+def fleet(tiny: Any, engines: Any, tmp_path_factory: Any) -> Iterator[tuple[tuple[str, int, Path], str]]:
+    """``((url, specscope's port, log), other url)``: the data-parallel server with specscope, and the fleet's
+    second member, a plain single-engine vLLM without specscope; started together, so that their starts overlap."""
     engines.close()
-    port, prom = free_port(), free_port()
+    port, prom, other_port = free_port(), free_port(), free_port()
     root = tmp_path_factory.mktemp("scaled")
     # No SPECSCOPE_SHARE_DIR: the share directory is named by vllm serve (specscope's general plugin) and
     # inherited by its API-server processes, as in production; none a test process named may leak in.
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECSCOPE_")} | {
         "VLLM_PLUGINS": "specscope", "SPECSCOPE_PROMETHEUS_PORT": str(prom)}
     cmd = server_command(str(tiny["target"]), spec_config(tiny, "noise2"), port, "--data-parallel-size", "2")
-    proc = start_server(cmd, env, root / "server.log")
+    other_cmd = server_command(str(tiny["target"]), spec_config(tiny, "noise10"), other_port)
+    proc = launch(cmd, env, root / "server.log")
+    other = launch(other_cmd, {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"} | {"VLLM_PLUGINS": ""},
+                   root / "other.log")
     try:
-        yield f"http://127.0.0.1:{port}", prom, root / "server.log"
+        wait_up(proc, cmd, root / "server.log")
+        wait_up(other, other_cmd, root / "other.log")
+        yield (f"http://127.0.0.1:{port}", prom, root / "server.log"), f"http://127.0.0.1:{other_port}"
     finally:
         stop(proc)
+        stop(other)
+
+
+@pytest.fixture(scope="module")
+def scaled(fleet: tuple[tuple[str, int, Path], str]) -> tuple[str, int, Path]:
+    """The data-parallel server: ``(url, specscope's Prometheus port, its log)``."""
+    return fleet[0]
 
 
 def per_engine(page: str) -> dict[str, dict[str, float]]:
@@ -116,7 +130,7 @@ def test_each_engine_equals_vllms_own_counters(scaled: tuple[str, int, Path], tm
 
 
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="Debian's prometheus not installed")
-def test_prometheus_fleet_reads_each_engine_as_vllm_counts_it(scaled: tuple[str, int, Path], tiny: Any,
+def test_prometheus_fleet_reads_each_engine_as_vllm_counts_it(fleet: tuple[tuple[str, int, Path], str],
                                                               tmp_path: Path) -> None:
     """`top --prometheus`: a real Prometheus scraping two real vLLM servers (the data-parallel one, and a plain
     single-engine vLLM without specscope) and the first one's specscope endpoint. Every replica's engines equal
@@ -126,44 +140,36 @@ def test_prometheus_fleet_reads_each_engine_as_vllm_counts_it(scaled: tuple[str,
 
     from specscope.collectors.prometheus_source import PrometheusFleet
 
-    url, specscope_port, _ = scaled
-    other_port = free_port()
-    other = start_server(server_command(str(tiny["target"]), spec_config(tiny, "noise10"), other_port),
-                         {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"} | {"VLLM_PLUGINS": ""},
-                         tmp_path / "other.log")
-    other_url = f"http://127.0.0.1:{other_port}"
+    (url, specscope_port, _), other_url = fleet
+    model = httpx.get(f"{other_url}/v1/models", timeout=10).json()["data"][0]["id"]
+    r = httpx.post(f"{other_url}/v1/completions", timeout=120, json={
+        "model": model, "prompt": ["river stone", "garden light"], "max_tokens": 24, "temperature": 0})
+    assert r.status_code == 200, r.text
+    hosts = {"vllm": url.removeprefix("http://"), "other": other_url.removeprefix("http://"),
+             "specscope": f"127.0.0.1:{specscope_port}"}
+    prom, proc = start_prometheus(hosts, tmp_path)
     try:
-        model = httpx.get(f"{other_url}/v1/models", timeout=10).json()["data"][0]["id"]
-        r = httpx.post(f"{other_url}/v1/completions", timeout=120, json={
-            "model": model, "prompt": ["river stone", "garden light"], "max_tokens": 24, "temperature": 0})
-        assert r.status_code == 200, r.text
-        hosts = {"vllm": url.removeprefix("http://"), "other": other_url.removeprefix("http://"),
-                 "specscope": f"127.0.0.1:{specscope_port}"}
-        prom, proc = start_prometheus(hosts, tmp_path)
-        try:
-            time.sleep(2.5)  # idle servers: counters no longer move, the stored scrape equals the page
-            sources = {s.name.split("/")[0]: s for s in PrometheusFleet(prom).sources()}
-            assert set(sources) == set(hosts)
-            for job, server in (("vllm", url), ("other", other_url)):
-                snap = sources[job].fetch()
-                vllm = per_engine(httpx.get(f"{server}/metrics", timeout=10).text)
-                assert [str(e.index) for e in snap.engines] == sorted(vllm), job
-                for e in snap.engines:
-                    counts = vllm[str(e.index)]
-                    assert e.lifetime.spec is not None
-                    assert e.lifetime.spec.drafts == counts["vllm:spec_decode_num_drafts_total"] > 0, job
-                    assert e.lifetime.spec.accepted == counts["vllm:spec_decode_num_accepted_tokens_total"], job
-            assert [e.index for e in sources["vllm"].fetch().engines] == [0, 1]
-            ours = sources["specscope"].fetch()
-            vllm = per_engine(httpx.get(f"{url}/metrics", timeout=10).text)
-            assert [e.index for e in ours.engines] == [0, 1]
-            for e in ours.engines:
+        time.sleep(2.5)  # idle servers: counters no longer move, the stored scrape equals the page
+        sources = {s.name.split("/")[0]: s for s in PrometheusFleet(prom).sources()}
+        assert set(sources) == set(hosts)
+        for job, server in (("vllm", url), ("other", other_url)):
+            snap = sources[job].fetch()
+            vllm = per_engine(httpx.get(f"{server}/metrics", timeout=10).text)
+            assert [str(e.index) for e in snap.engines] == sorted(vllm), job
+            for e in snap.engines:
+                counts = vllm[str(e.index)]
                 assert e.lifetime.spec is not None
-                assert e.lifetime.spec.drafts == vllm[str(e.index)]["vllm:spec_decode_num_drafts_total"]
-            assert ours.engine.draft_model and ours.engine.method == "draft_model"
-            assert ours.tokenizer is not None and ours.tokenizer.verdict in ("identical", "compatible")
-        finally:
-            proc.terminate()
-            proc.wait(30)
+                assert e.lifetime.spec.drafts == counts["vllm:spec_decode_num_drafts_total"] > 0, job
+                assert e.lifetime.spec.accepted == counts["vllm:spec_decode_num_accepted_tokens_total"], job
+        assert [e.index for e in sources["vllm"].fetch().engines] == [0, 1]
+        ours = sources["specscope"].fetch()
+        vllm = per_engine(httpx.get(f"{url}/metrics", timeout=10).text)
+        assert [e.index for e in ours.engines] == [0, 1]
+        for e in ours.engines:
+            assert e.lifetime.spec is not None
+            assert e.lifetime.spec.drafts == vllm[str(e.index)]["vllm:spec_decode_num_drafts_total"]
+        assert ours.engine.draft_model and ours.engine.method == "draft_model"
+        assert ours.tokenizer is not None and ours.tokenizer.verdict in ("identical", "compatible")
     finally:
-        stop(other)
+        proc.terminate()
+        proc.wait(30)
