@@ -60,7 +60,8 @@ def launch(cmd: list[str], env: dict[str, str], log_path: Path) -> subprocess.Po
 
 
 def wait_up(proc: subprocess.Popen[bytes], cmd: list[str], log_path: Path) -> subprocess.Popen[bytes]:
-    """``proc`` once its /health answers; stopped, with its log's tail, if it exits or does not answer in 300 s."""
+    """``proc`` once its /health answers; RuntimeError with its log's tail if it exits, or (stopped) if it does not
+    answer within 300 s."""
     url = f"http://127.0.0.1:{cmd[cmd.index('--port') + 1]}"
     deadline = time.monotonic() + 300
     while True:

@@ -21,7 +21,7 @@ import pytest
 from specscope import Hub, tiny_models
 from specscope.model import StepProfile
 from specscope.verdict.speedup import MIN_TABLE_STEPS
-from tests.conftest import shutdown
+from tests.conftest import EnginePool, shutdown
 from tests.engine.deep import DEEP, plain_target, run
 
 pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("user_layout")]  # timed: vLLM's default layout
@@ -66,25 +66,20 @@ class Shared:
 
     def __init__(self, tiny: dict[str, Path], baseline: StepProfile) -> None:
         self.tiny, self.baseline = tiny, baseline
-        self.family: str | None = None
-        self.llm: Any = None
+        self.pool = EnginePool()  # its own: the session's holds the plain target meanwhile
 
     def get(self, family: str) -> Any:
         import specscope
 
-        if family != self.family:
-            self.release()
-            self.llm, self.family = speculative(self.tiny, family, 4, self.baseline), family
+        llm = self.pool.get(family, lambda: speculative(self.tiny, family, 4, self.baseline))
         hub = Hub()
         hub.set_baseline(self.baseline)
-        specscope.instrument(self.llm, hub)
-        self.llm.reset_prefix_cache()
-        return self.llm
+        specscope.instrument(llm, hub)
+        llm.reset_prefix_cache()
+        return llm
 
     def release(self) -> None:
-        if self.llm is not None:
-            shutdown(self.llm)
-        self.llm = self.family = None
+        self.pool.close()
 
 
 @pytest.fixture(scope="module")
