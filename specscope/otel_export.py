@@ -316,8 +316,10 @@ class OtelExporter:
                 flush(timeout_ms)
 
     def shutdown(self) -> None:
-        """Stop recording; flush and stop the providers specscope built (given ones are the application's)."""
+        """Stop recording; flush the application's providers and stop (which flushes) the ones specscope built."""
         self.hub.requests.remove_listener(self._on_request)
-        self.force_flush()
-        for provider in self._owned:
-            provider.shutdown()
+        for provider in (self._meter_provider, self._tracer_provider):
+            if provider in self._owned:
+                provider.shutdown()  # flushes once: a flush before it would wait out the export timeout twice
+            elif (flush := getattr(provider, "force_flush", None)) is not None:
+                flush()

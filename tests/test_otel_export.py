@@ -181,6 +181,22 @@ def test_collector_down_counts_failures_and_recovers() -> None:
         receiver.close()
 
 
+def test_shutdown_with_the_collector_down_tries_each_export_once() -> None:
+    """Each export waits out its timeout with the collector down: shutdown tries once, not a flush and then again."""
+    receiver = HttpReceiver()
+    try:
+        receiver.fail = True
+        hub = filled_hub()
+        exporter = OtelExporter(hub, resolve_config(endpoint=receiver.endpoint, timeout_s=0.5, env={}))
+        hub.requests.record("req-9", e2e_s=0.5, generation_tokens=8)  # a span pending
+        hub.wait_idle()
+        exporter.shutdown()
+        errors = dict(hub.snapshot().health.errors)
+        assert errors.get("otlp metrics export") == 1 and errors.get("otlp traces export") == 1, errors
+    finally:
+        receiver.close()
+
+
 def test_disabled_sdk_exports_nothing() -> None:
     hub = filled_hub()
     exporter = OtelExporter(hub, resolve_config(env={"OTEL_SDK_DISABLED": "true"}))
