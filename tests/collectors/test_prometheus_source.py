@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,25 +73,58 @@ class Exporter:
         self.server.server_close()
 
 
+@dataclass
+class Storage:
+    """One storage scraping every page this module reads, started once per kind (a start is seconds): the two
+    replicas of the fleet tests (``pages``, jobs ``single`` and ``dp2``), a replica whose acceptance changed
+    (job ``g``, :func:`serving`), and a specscope endpoint beside vLLM's page (jobs ``specscope`` and ``vllm``,
+    ``hub`` the endpoint's); ``started``: when every job had been scraped once."""
+
+    url: str
+    pages: dict[str, str]
+    started: float
+    hub: Any
+
+    def since_start(self, seconds: float) -> None:
+        """Wait until the storage has scraped for ``seconds`` since every job's first scrape (the time of the tests
+        that ran before counts)."""
+        time.sleep(max(0.0, self.started + seconds - time.monotonic()))
+
+
 @pytest.fixture(scope="module", params=STORAGES)
-def fleet_prometheus(request: Any, tmp_path_factory: Any) -> Iterator[tuple[str, dict[str, str]]]:
+def storage(request: Any, tmp_path_factory: Any) -> Iterator[Storage]:
+    from specscope.endpoint import Endpoint
+    from specscope.model import TokenizerStatus
+    from tests.test_otel_export import filled_hub
+
     storage_installed(request.param)
     pages = {"single": FIXTURE, "dp2": data_parallel(FIXTURE)}
+    serving_since = time.monotonic()
+    hub = filled_hub()
+    hub.tokenizer = TokenizerStatus("warning", ("2 added tokens",), overlap=0.98)
+    endpoint = Endpoint(hub.snapshot, port=0)
     exporters = {name: Exporter(text) for name, text in pages.items()}
-    url, proc = start_prometheus({name: e.target for name, e in exporters.items()}, tmp_path_factory.mktemp("prom"),
-                                 kind=request.param)
+    exporters |= {"g": Exporter(lambda: serving(serving_since)), "vllm": Exporter(FIXTURE)}
+    jobs = {name: e.target for name, e in exporters.items()} | {"specscope": endpoint.url.removeprefix("http://")}
+    url, proc = start_prometheus(jobs, tmp_path_factory.mktemp("prom"), kind=request.param)
     try:
-        yield url, {f"{name}/{e.target}": pages[name] for name, e in exporters.items()}
+        yield Storage(url, {f"{name}/{exporters[name].target}": text for name, text in pages.items()},
+                      time.monotonic(), hub)
     finally:
         proc.terminate()
         proc.wait(30)
         for e in exporters.values():
             e.close()
+        endpoint.close()
 
 
-def test_every_replica_and_engine_reads_as_its_own_metrics_page(fleet_prometheus: tuple[str, dict[str, str]]) -> None:
-    url, pages = fleet_prometheus
-    fleet = PrometheusFleet(url)
+#: The fleet tests' two replicas.
+FLEET = '{job=~"single|dp2"}'
+
+
+def test_every_replica_and_engine_reads_as_its_own_metrics_page(storage: Storage) -> None:
+    url, pages = storage.url, storage.pages
+    fleet = PrometheusFleet(url, FLEET)
     sources = fleet.sources()
     assert sorted(s.name for s in sources) == sorted(pages)
     for source in sources:
@@ -111,9 +145,8 @@ def test_every_replica_and_engine_reads_as_its_own_metrics_page(fleet_prometheus
     assert fleet._at == at
 
 
-def test_a_selector_narrows_the_fleet_and_one_matching_nothing_says_so_and_recovers(
-        fleet_prometheus: tuple[str, dict[str, str]]) -> None:
-    url, pages = fleet_prometheus
+def test_a_selector_narrows_the_fleet_and_one_matching_nothing_says_so_and_recovers(storage: Storage) -> None:
+    url, pages = storage.url, storage.pages
     assert [s.name for s in PrometheusFleet(url, 'job="dp2"').sources()] == [n for n in pages if n.startswith("dp2")]
     (waiting,) = PrometheusFleet(url, '{job="later"}').sources()
     with pytest.raises(SourceError, match=r'no series match \{__name__=~"vllm\[:_\]\(.*",job="later"\}'):
@@ -123,8 +156,8 @@ def test_a_selector_narrows_the_fleet_and_one_matching_nothing_says_so_and_recov
     assert waiting.fetch().lifetime.spec is not None and waiting.replica is not None
 
 
-def test_bad_input_is_one_line(fleet_prometheus: tuple[str, dict[str, str]]) -> None:
-    url, pages = fleet_prometheus
+def test_bad_input_is_one_line(storage: Storage) -> None:
+    url, pages = storage.url, storage.pages
     with pytest.raises(ValueError, match="not a label selector"):
         selector_matchers("job=vllm")
     bad_regex = PrometheusFleet(url, 'job=~"("')
@@ -137,8 +170,8 @@ def test_bad_input_is_one_line(fleet_prometheus: tuple[str, dict[str, str]]) -> 
         PrometheusFleet(f"http://127.0.0.1:{free_port()}").samples()
 
 
-def test_top_once_over_prometheus(fleet_prometheus: tuple[str, dict[str, str]]) -> None:
-    url, pages = fleet_prometheus
+def test_top_once_over_prometheus(storage: Storage) -> None:
+    url, pages = storage.url, storage.pages
     cli = [sys.executable, "-m", "specscope.cli", "top", "--prometheus", url, "--once"]
     r = subprocess.run(cli, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
@@ -169,82 +202,54 @@ def serving(started: float) -> str:
     ]) + "\n"
 
 
-@pytest.mark.parametrize("storage", STORAGES)
-def test_the_window_comes_from_the_storage_history(tmp_path: Path, storage: str) -> None:
+def test_the_window_comes_from_the_storage_history(storage: Storage) -> None:
     """The first refresh already has a window (``increase()`` over the storage's history), apart from lifetime."""
-    storage_installed(storage)
-    started = time.monotonic()
-    exporter = Exporter(lambda: serving(started))
-    url, proc = start_prometheus({"g": exporter.target}, tmp_path, kind=storage)
-    try:
-        time.sleep(6)  # a few scrapes a second apart
-        fleet = PrometheusFleet(url, window_s=5)
-        (source,) = fleet.sources()
-        target = Target(source)
-        target.poll()
-        snap = target.windowed(5)
-        assert snap is not None and snap.window_seconds == 5 and "window" not in snap.unavailable
-        w, life = snap.window.spec, snap.lifetime.spec
-        assert w is not None and life is not None
-        assert w.acceptance_rate == pytest.approx(0.75, abs=0.02)  # lifetime: dominated by the 10% before
-        assert life.acceptance_rate is not None and life.acceptance_rate < 0.4
-        assert [round(r, 1) for r in w.per_position] == [1.0, 0.8, 0.7, 0.5]
-        assert snap.engines[0].window.spec is not None
-        assert snap.engines[0].window.spec.acceptance_rate == pytest.approx(0.75, abs=0.02)
-        # Another window is asked of the storage from the next refresh on; until then the polls' own window.
-        assert target.windowed(3) is not None and fleet.window_s == 3
-        fleet._at = 0.0
-        target.poll()
-        again = target.windowed(3)
-        assert again is not None and again.window_seconds == 3
-        assert again.window.spec is not None and again.window.spec.acceptance_rate == pytest.approx(0.75, abs=0.02)
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        exporter.close()
+    url = storage.url
+    storage.since_start(6)  # a few scrapes a second apart
+    fleet = PrometheusFleet(url, '{job="g"}', window_s=5)
+    (source,) = fleet.sources()
+    target = Target(source)
+    target.poll()
+    snap = target.windowed(5)
+    assert snap is not None and snap.window_seconds == 5 and "window" not in snap.unavailable
+    w, life = snap.window.spec, snap.lifetime.spec
+    assert w is not None and life is not None
+    assert w.acceptance_rate == pytest.approx(0.75, abs=0.02)  # lifetime: dominated by the 10% before
+    assert life.acceptance_rate is not None and life.acceptance_rate < 0.4
+    assert [round(r, 1) for r in w.per_position] == [1.0, 0.8, 0.7, 0.5]
+    assert snap.engines[0].window.spec is not None
+    assert snap.engines[0].window.spec.acceptance_rate == pytest.approx(0.75, abs=0.02)
+    # Another window is asked of the storage from the next refresh on; until then the polls' own window.
+    assert target.windowed(3) is not None and fleet.window_s == 3
+    fleet._at = 0.0
+    target.poll()
+    again = target.windowed(3)
+    assert again is not None and again.window_seconds == 3
+    assert again.window.spec is not None and again.window.spec.acceptance_rate == pytest.approx(0.75, abs=0.02)
 
 
-@pytest.mark.parametrize("storage", STORAGES)
-def test_a_specscope_endpoint_is_a_replica_with_what_only_specscope_knows(tmp_path: Path, storage: str) -> None:
+def test_a_specscope_endpoint_is_a_replica_with_what_only_specscope_knows(storage: Storage) -> None:
     """Prometheus scraping vLLM's /metrics and specscope's endpoint: each is a replica; specscope's adds the draft,
     the method and the tokenizer check, and the dashboard's rules fire on it."""
-    from specscope.endpoint import Endpoint
-    from specscope.model import TokenizerStatus
-    from tests.test_otel_export import filled_hub
-
-    storage_installed(storage)
-    hub = filled_hub()
-    hub.tokenizer = TokenizerStatus("warning", ("2 added tokens",), overlap=0.98)
-    endpoint = Endpoint(hub.snapshot, port=0)
-    vllm = Exporter(FIXTURE)
-    url, proc = start_prometheus({"specscope": endpoint.url.removeprefix("http://"), "vllm": vllm.target}, tmp_path,
-                                 kind=storage)
-    try:
-        # A window that begins after the series' first scrape (VictoriaMetrics counts a series that appears
-        # within the window from zero; Prometheus from its first sample).
-        fleet = PrometheusFleet(url, window_s=3)
-        sources = {s.name.split("/")[0]: s for s in fleet.sources()}
-        assert set(sources) == {"specscope", "vllm"}
-        time.sleep(5)
-        fleet._at = 0.0
-        got, want = sources["specscope"].fetch(), hub.snapshot()
-        assert got.lifetime.spec is not None and want.lifetime.spec is not None
-        for field in ("drafts", "draft_tokens", "accepted", "accepted_per_pos", "num_spec_tokens"):
-            assert getattr(got.lifetime.spec, field) == getattr(want.lifetime.spec, field), field
-        assert (got.lifetime.generation_tokens, got.lifetime.prompt_tokens, got.lifetime.preemptions) == (
-            want.lifetime.generation_tokens, want.lifetime.prompt_tokens, want.lifetime.preemptions)
-        assert (got.running, got.waiting, got.kv.block_usage) == (want.running, want.waiting, want.kv.block_usage)
-        assert [e.index for e in got.engines] == [0]
-        assert (got.engine.model, got.engine.draft_model, got.engine.method) == ("tgt", "drf", "draft_model")
-        assert got.tokenizer is not None and (got.tokenizer.verdict, got.tokenizer.overlap) == ("warning", 0.98)
-        assert "tokenizer" not in got.unavailable and "window" not in got.unavailable  # increase() of its counters
-        assert got.window.spec is not None and got.window.spec.drafts == 0  # nothing drafted since: a still hub
-        target = Target(sources["specscope"])
-        target.poll()
-        assert "SpecscopeTokenizerWarning" in {a.rule for a in target.evaluate() if a.state == "firing"}
-        assert sources["vllm"].fetch().tokenizer is None  # vLLM's own series know nothing of it
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        vllm.close()
-        endpoint.close()
+    # A window that begins after the series' first scrape (VictoriaMetrics counts a series that appears within the
+    # window from zero; Prometheus from its first sample).
+    storage.since_start(5)
+    fleet = PrometheusFleet(storage.url, '{job=~"specscope|vllm"}', window_s=3)
+    sources = {s.name.split("/")[0]: s for s in fleet.sources()}
+    assert set(sources) == {"specscope", "vllm"}
+    got, want = sources["specscope"].fetch(), storage.hub.snapshot()
+    assert got.lifetime.spec is not None and want.lifetime.spec is not None
+    for field in ("drafts", "draft_tokens", "accepted", "accepted_per_pos", "num_spec_tokens"):
+        assert getattr(got.lifetime.spec, field) == getattr(want.lifetime.spec, field), field
+    assert (got.lifetime.generation_tokens, got.lifetime.prompt_tokens, got.lifetime.preemptions) == (
+        want.lifetime.generation_tokens, want.lifetime.prompt_tokens, want.lifetime.preemptions)
+    assert (got.running, got.waiting, got.kv.block_usage) == (want.running, want.waiting, want.kv.block_usage)
+    assert [e.index for e in got.engines] == [0]
+    assert (got.engine.model, got.engine.draft_model, got.engine.method) == ("tgt", "drf", "draft_model")
+    assert got.tokenizer is not None and (got.tokenizer.verdict, got.tokenizer.overlap) == ("warning", 0.98)
+    assert "tokenizer" not in got.unavailable and "window" not in got.unavailable  # increase() of its counters
+    assert got.window.spec is not None and got.window.spec.drafts == 0  # nothing drafted since: a still hub
+    target = Target(sources["specscope"])
+    target.poll()
+    assert "SpecscopeTokenizerWarning" in {a.rule for a in target.evaluate() if a.state == "firing"}
+    assert sources["vllm"].fetch().tokenizer is None  # vLLM's own series know nothing of it
