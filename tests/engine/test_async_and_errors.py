@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import traceback
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -85,12 +86,16 @@ def raised_in_specscope(exc: BaseException) -> bool:
         ("bad K", {"speculative_config": {"method": "ngram", "num_speculative_tokens": -3}}),
     ],
 )
-def test_bad_input_gives_vllms_error_unchanged(tiny: Any, engines: Any, case: str, kwargs: dict[str, Any]) -> None:
+def test_bad_input_gives_vllms_error_unchanged(tiny: Any, engines: Any, case: str, kwargs: dict[str, Any],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
     import vllm
+    from vllm.transformers_utils import repo_utils
 
     import specscope
 
     engines.close()
+    # vLLM looks a missing draft up again after 2 s (with_retry), for both constructors alike: the same error, sooner
+    monkeypatch.setattr(repo_utils, "time", SimpleNamespace(sleep=lambda seconds: None))
     model = "/no/such/model" if case == "missing model" else str(tiny["target"])
     theirs = error_of(vllm.LLM, model, **kwargs)
     ours = error_of(specscope.LLM, model, **kwargs)
