@@ -165,7 +165,7 @@ def _calibrate(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     from specscope.evaluate.workload import InputError, load_prompts, prepare
-    from specscope.measure import measure_step_times
+    from specscope.measure import measure_step_times, stop_engine
     from specscope.wrapper import LLM
 
     try:
@@ -191,6 +191,7 @@ def _calibrate(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
     profile = measure_step_times(llm, sizes, args.tokens, prompts=workload.prompts if workload else None)
+    stop_engine(llm)
     save_profile(profile, args.out)
     if workload:
         mean = sum(len(p["prompt_token_ids"]) for p in workload.prompts) / len(workload.prompts)

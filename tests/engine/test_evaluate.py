@@ -36,7 +36,7 @@ def test_evaluate_ranks_the_good_draft_first_and_tells_the_weak_one_to_run_witho
         args += ["--engine-arg", f"{key}={json.dumps(value)}"]
     # The command's own entry point, in this process: its 13 engines start in the suite's in-process layout (4 s
     # each where vLLM's default layout takes 14 s); the speedups users are promised are timed in vLLM's default
-    # layout by test_verdict.py, test_heads.py and test_calibrate.py. The plain target runs beside each candidate.
+    # layout by test_verdict.py and test_heads.py. The plain target runs beside each candidate.
     monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)  # the command sets it for its process
     code = main(["evaluate", *args])
     r = capsys.readouterr()
