@@ -20,7 +20,7 @@ import pytest
 
 from specscope import Hub, tiny_models
 from tests.conftest import greedy, shutdown, vllm_counters
-from tests.engine.deep import DEEP, plain_target, run
+from tests.engine.deep import DEEP, plain_target, run, together
 
 pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("user_layout")]  # timed: vLLM's default layout
 
@@ -44,10 +44,10 @@ def pair(request: pytest.FixtureRequest, tiny: dict[str, Path], engines: Any) ->
     import specscope
 
     target, config, _ = METHODS[request.param]
-    plain = plain_target(engines, tiny, target)
     spec = {k: str(tiny[v]) if k == "model" else v for k, v in config.items()}
-    head = specscope.LLM(str(tiny[target]), specscope_hub=Hub(), disable_log_stats=False, **DEEP,
-                         speculative_config={**spec, "num_speculative_tokens": 4})
+    plain, head = together(lambda: plain_target(engines, tiny, target), lambda: specscope.LLM(
+        str(tiny[target]), specscope_hub=Hub(), disable_log_stats=False, **DEEP,
+        speculative_config={**spec, "num_speculative_tokens": 4}))
     yield plain, head
     shutdown(head)
 

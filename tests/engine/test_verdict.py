@@ -22,7 +22,7 @@ from specscope import Hub, tiny_models
 from specscope.model import StepProfile
 from specscope.verdict.speedup import MIN_TABLE_STEPS
 from tests.conftest import EnginePool, shutdown
-from tests.engine.deep import DEEP, plain_target, run
+from tests.engine.deep import DEEP, plain_target, run, together
 
 pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("user_layout")]  # timed: vLLM's default layout
 
@@ -241,10 +241,11 @@ def test_the_recommended_schedule_followed_as_vllm_takes_it_measures_what_was_pr
     # 20 steps or more: a batch size the engine really ran, in the K table like any other).
     assert {1, 8} <= set(table) and config is not None, (table, snap.lifetime.step_times)
     draft = {"method": "draft_model", "model": str(tiny["deep01-draft"])}
-    followed = specscope.LLM(str(tiny["deep01-target"]), specscope_hub=Hub(), **DEEP,
-                             speculative_config={**draft, **config})
-    zero = specscope.LLM(str(tiny["deep01-target"]), specscope_hub=Hub(), **DEEP, speculative_config={
-        **draft, "num_speculative_tokens": 1, "num_speculative_tokens_per_batch_size": [[1, 256, 0]]})
+    followed, zero = together(
+        lambda: specscope.LLM(str(tiny["deep01-target"]), specscope_hub=Hub(), **DEEP,
+                              speculative_config={**draft, **config}),
+        lambda: specscope.LLM(str(tiny["deep01-target"]), specscope_hub=Hub(), **DEEP, speculative_config={
+            **draft, "num_speculative_tokens": 1, "num_speculative_tokens_per_batch_size": [[1, 256, 0]]}))
     try:
         ratios: dict[str, dict[int, list[float]]] = {"followed": {1: [], 8: []}, "zero": {1: [], 8: []}}
         for r in range(3):  # medians of three: this machine has slow spells of seconds
