@@ -230,7 +230,9 @@ def replay() -> dict[str, Any]:
     doc = json.loads((RESULTS / "truth_user.json").read_text())
     for name, pair in doc["pairs"].items():
         snap = codec.from_dict(json.loads((RESULTS / f"truth_user_{name}.snapshot.json").read_text()))
-        pair["cells"] = judge(pair["cells"], {b: estimate(snap, batch_size=b) for b in BATCHES})
+        estimates = {b: estimate(snap, batch_size=b) for b in BATCHES}
+        pair["cells"] = judge(pair["cells"], estimates)
+        pair["interval_basis"] = {str(b): None if e is None else e.interval_basis for b, e in estimates.items()}
         if snap.baseline is not None:
             pair["plain_priced_ms"] = _priced(snap.baseline, {int(b): context for b, context
                                                               in pair["plain_serving_context"].items()})

@@ -470,11 +470,14 @@ def _interval(snap: Snapshot, batch: int | None, k: int, c: float, measured: boo
     base = usable_baseline(snap)
     rows = [t for t in base.times if t.steps >= MIN_STEPS] if base is not None and measured and batch else []
     spread = min(rows, key=lambda t: abs(t.batch_size - (batch or 1))).spread if rows else 0.0
-    # The baseline was timed at another moment: the machine's speed moves between moments by about as much as the
-    # live engine's step time moves from second to second (its own rounds, back to back, do not see that).
+    # The baseline was timed at another moment, and the window a restart is judged on will be another again: the
+    # machine's speed moves between moments (its own rounds, back to back, do not see that), the plain step's since
+    # the baseline and the speculative step's since this window, each by the live steps' spread from second to
+    # second, and at least by what a step time drifts between moments minutes apart.
     live = steps_at(snap, batch) if rows and batch else None
-    drift = live.spread if live is not None else 0.0
-    spread = (spread * spread + drift * drift) ** 0.5
+    moving = live.spread if live is not None else 0.0
+    drift = max(moving, uncertainty.MOMENT_DRIFT) if rows else 0.0
+    spread = (spread * spread + 2 * drift * drift) ** 0.5
     rates, a, tokens = point
     n = max(k, 1)  # draft tokens a step pays c for (at a K = 0 range, c is its steps' cost c0: one a step)
     draws = [(tuple(r * (d.rates[i] if i < len(d.rates) else 1.0) for i, r in enumerate(rates)),
@@ -493,8 +496,10 @@ def _interval(snap: Snapshot, batch: int | None, k: int, c: float, measured: boo
 
     basis = f"{uncertainty.COVERAGE:.0%} interval over {res.requests} requests"
     return (uncertainty.quantiles([speedup_at(k, *x) for x in draws]),
-            basis + (f" and a {spread:.0%} spread of the plain step time (the baseline's rounds, and the live steps "
-                     f"from second to second)" if spread else ""), bands)
+            basis + (f" and a {spread:.0%} spread of the step times' ratio (the baseline's rounds, and each step "
+                     f"time's drift between moments: {drift:.0%}, "
+                     + ("as the live steps move from second to second)" if moving >= drift else "the least assumed)")
+                     if spread else ""), bands)
 
 
 def k0_decode(snap: Snapshot, cost: CostRatio) -> tuple[float, str]:
