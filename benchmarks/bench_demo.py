@@ -72,7 +72,8 @@ def main() -> None:
     cells = [c for r in runs for c in r["cells"]]
     write("demo_runs", {
         "workload": "specscope demo --headless as shipped: the good draft (deep01's layer 0, K=6) at batch 1 and 16, "
-                    "measured as the median of three alternating 5 s rounds against the plain target",
+                    "measured as the median of three alternating 5 s rounds against the plain target (prompts walked "
+                    "through with their own output lengths, prefix caching off)",
         "summary": {"runs": len(runs), "cells": len(cells), "within_10pct": sum(c["within_10pct"] for c in cells),
                     "inside_interval": sum(c["inside_interval"] for c in cells),
                     "runs_all_within_10pct": sum(all(c["within_10pct"] for c in r["cells"]) for r in runs),
