@@ -125,8 +125,9 @@ MOMENT_DRIFT = 0.05
 
 
 def noise(draws: int, spread: float) -> list[float]:
-    """Factors for the plain step time, one per draw: normal with the baseline's relative ``spread`` (1.0 each
-    where it is unknown), kept within ±3 spreads."""
+    """Factors for the plain step time against the speculative one, one per draw: normal with the relative
+    ``spread`` of their ratio (the baseline's rounds and both steps' drift; 1.0 each where it is unknown), kept
+    within ±3 spreads."""
     rng = random.Random(1)
     return [1.0 + spread * max(-3.0, min(3.0, rng.gauss(0.0, 1.0))) for _ in range(draws)]
 
