@@ -164,6 +164,13 @@ def _links(rec: RequestRecord) -> list[Any] | None:
     return [trace.Link(span_context, {"specscope.link": "vllm.llm_request"})] if span_context.is_valid else None
 
 
+def _flush(provider: Any, timeout_ms: int) -> None:
+    """Export what ``provider`` holds, where it can (None and the API's no-op providers cannot)."""
+    flush = getattr(provider, "force_flush", None)
+    if flush is not None:
+        flush(timeout_ms)
+
+
 class OtelExporter:
     """Exports a hub's catalogue metrics and request spans over OTLP; :meth:`shutdown` flushes and stops."""
 
@@ -311,9 +318,7 @@ class OtelExporter:
     def force_flush(self, timeout_ms: int = 10_000) -> None:
         """Export what is pending now (tests, shutdown)."""
         for provider in (self._meter_provider, self._tracer_provider):
-            flush = getattr(provider, "force_flush", None)
-            if flush is not None:
-                flush(timeout_ms)
+            _flush(provider, timeout_ms)
 
     def shutdown(self) -> None:
         """Stop recording; flush the application's providers and stop (which flushes) the ones specscope built."""
@@ -321,5 +326,5 @@ class OtelExporter:
         for provider in (self._meter_provider, self._tracer_provider):
             if provider in self._owned:
                 provider.shutdown()  # flushes once: a flush before it would wait out the export timeout twice
-            elif (flush := getattr(provider, "force_flush", None)) is not None:
-                flush()
+            else:
+                _flush(provider, 10_000)

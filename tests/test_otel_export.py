@@ -164,37 +164,36 @@ def test_given_providers_get_the_metrics_and_spans_and_the_right_operation() -> 
     assert memory.get_finished_spans()[-1].name == "after"
 
 
-def test_collector_down_counts_failures_and_recovers() -> None:
+@pytest.fixture
+def down() -> Iterator[HttpReceiver]:
+    """An OTLP/HTTP collector that refuses every export until its ``fail`` is set back."""
     receiver = HttpReceiver()
-    try:
-        receiver.fail = True
-        hub = filled_hub()
-        exporter = OtelExporter(hub, resolve_config(endpoint=receiver.endpoint, timeout_s=1, env={}))
-        exporter.force_flush()
-        errors = dict(hub.snapshot().health.errors)
-        assert errors.get("otlp metrics export", 0) >= 1
-        receiver.fail = False
-        exporter.force_flush()
-        assert "specscope.spec_decode.draft_tokens" in receiver.received.metrics()
-        exporter.shutdown()
-    finally:
-        receiver.close()
+    receiver.fail = True
+    yield receiver
+    receiver.close()
 
 
-def test_shutdown_with_the_collector_down_tries_each_export_once() -> None:
+def test_collector_down_counts_failures_and_recovers(down: HttpReceiver) -> None:
+    hub = filled_hub()
+    exporter = OtelExporter(hub, resolve_config(endpoint=down.endpoint, timeout_s=1, env={}))
+    exporter.force_flush()
+    errors = dict(hub.snapshot().health.errors)
+    assert errors.get("otlp metrics export", 0) >= 1
+    down.fail = False
+    exporter.force_flush()
+    assert "specscope.spec_decode.draft_tokens" in down.received.metrics()
+    exporter.shutdown()
+
+
+def test_shutdown_with_the_collector_down_tries_each_export_once(down: HttpReceiver) -> None:
     """Each export waits out its timeout with the collector down: shutdown tries once, not a flush and then again."""
-    receiver = HttpReceiver()
-    try:
-        receiver.fail = True
-        hub = filled_hub()
-        exporter = OtelExporter(hub, resolve_config(endpoint=receiver.endpoint, timeout_s=0.5, env={}))
-        hub.requests.record("req-9", e2e_s=0.5, generation_tokens=8)  # a span pending
-        hub.wait_idle()
-        exporter.shutdown()
-        errors = dict(hub.snapshot().health.errors)
-        assert errors.get("otlp metrics export") == 1 and errors.get("otlp traces export") == 1, errors
-    finally:
-        receiver.close()
+    hub = filled_hub()
+    exporter = OtelExporter(hub, resolve_config(endpoint=down.endpoint, timeout_s=0.5, env={}))
+    hub.requests.record("req-9", e2e_s=0.5, generation_tokens=8)  # a span pending
+    hub.wait_idle()
+    exporter.shutdown()
+    errors = dict(hub.snapshot().health.errors)
+    assert errors.get("otlp metrics export") == 1 and errors.get("otlp traces export") == 1, errors
 
 
 def test_disabled_sdk_exports_nothing() -> None:
