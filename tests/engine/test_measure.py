@@ -1,0 +1,30 @@
+"""Driving a real engine to measure it (``specscope.measure``): the throughput window's length."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from specscope import tiny_models
+from specscope.measure import steady_throughput
+from specscope.wrapper import LLM
+from tests.conftest import ENGINE_KW
+
+pytestmark = pytest.mark.engine
+
+
+def _done(llm: Any) -> int:
+    """Requests the engine finished at their length (not aborted at a window's end)."""
+    return sum(r.finish_reason == "length" for r in llm.snapshot().requests)
+
+
+def test_a_window_lasts_until_as_many_requests_finished_as_asked(tiny: Any, engines: Any) -> None:
+    llm = engines.get("plain", lambda: LLM(str(tiny["target"]), **ENGINE_KW))
+    prompts = tiny_models.prompts(16, seed=3)
+    before = _done(llm)
+    # A window of a millisecond, counted from the first prompts' prefill, ends long before a 40-token request does.
+    assert steady_throughput(llm, 2, 0.001, prompts, 40, settle=True) > 0
+    short = _done(llm) - before
+    assert steady_throughput(llm, 2, 0.001, prompts, 40, settle=True, min_finished=5) > 0
+    assert short == 0 and _done(llm) - before - short >= 5
