@@ -9,14 +9,16 @@ For each pair:
   speculative engine idle beside it, as every later phase runs with one engine idle beside the one at work;
 - **prediction**: a speculative engine at K = 4 (the running K) with that baseline runs sample A of the traffic
   (``tiny_models.prompts(64, seed=11)``, each request's output length drawn from 48-144 tokens) with the batch held
-  full at each batch size for a few seconds, once, walking on through the sample from one batch size to the next as
-  a server's queue does; the estimate at each batch size gives the expected speedup at every K, with its interval;
-- **measured**: for K in 1, 2, 4, 6, a speculative engine at that K and the plain target run sample B
-  (``seed=12``, its own output lengths from the same range) alternately, the batch held full, the median of the
-  rounds' ratios of output tokens/s. Each round walks on through the sample from where the cell's last round
-  stopped (both engines of a round run the same prompts): a cell at batch 1 is not the sample's first ten prompts
-  again and again. Every engine runs without prefix caching: each engine prefills each prompt it is given, as
-  both would for a served request never seen before.
+  full at each batch size for a few seconds (from the step that prefilled its first prompts), once, walking on
+  through the sample from one batch size to the next as a server's queue does; the estimate at each batch size
+  gives the expected speedup at every K, with its interval;
+- **measured**: for K in 1, 2, 4, 6, a speculative engine at that K and the plain target run sample B (``seed=12``,
+  its own output lengths from the same range) alternately, the batch held full, the median of the rounds' ratios of
+  output tokens/s; every window (predicting ones too) lasts until as many requests as the batch holds have finished,
+  so that it holds their replacements' prefills as served traffic does. Each round walks on through the sample from
+  where the cell's last round stopped (both engines of a round run the same prompts): a cell at batch 1 is not the
+  sample's first ten prompts again and again. Every engine runs without prefix caching: each engine prefills each
+  prompt it is given, as both would for a served request never seen before.
 
 Output lengths vary as served traffic's do: with one length for every request, the plain engine's batch finishes
 in lockstep and prefills its replacements together in one step, while a speculative engine's requests finish
@@ -31,9 +33,10 @@ loses), the deep01 target with its layer-0 draft (40.6M) on short prompts and on
 passages, ~400 tokens: a context the calibration's short prompts do not have), and a wide target built here (12
 layers of width 1024, 158M parameters) with its layer-0 draft.
 
-Run: python benchmarks/bench_truth_user.py [--pairs tiny,deep01,deep01-rag,wide01] [--rounds 3]
+Run: python benchmarks/bench_truth_user.py [--pairs tiny,deep01,deep01-rag,wide01] [--rounds 3] [--results NAME]
 Results: benchmarks/results/truth_user.json (and truth_user.md, the table); each pair's predicting snapshot in
-truth_user_<pair>.snapshot.json, which ``--replay`` judges again with the checkout's verdict.
+truth_user_<pair>.snapshot.json, which ``--replay`` judges again with the checkout's verdict. ``--results`` names
+them otherwise (``truth_user_slow``: the run of a slow day).
 """
 
 from __future__ import annotations
@@ -60,8 +63,10 @@ KS = (1, 2, 4, 6)
 RUNNING_K = 4
 BATCHES = (1, 4, 16)
 LENGTHS = (48, 144)
-#: The predicting run's seconds at each batch size, and each measuring round's (counted once the batch's first
-#: prompts are prefilled: ``steady_throughput(settle=True)``).
+#: The predicting run's seconds at each batch size, and each measuring round's, counted once the batch's first
+#: prompts are prefilled (``steady_throughput(settle=True)``), and each lasting until as many requests as the batch
+#: holds have finished (``min_finished``): on a slow day (2026-11-27, steps 3x slower) 16 retrieval prompts took
+#: all of the 6 s to prefill, and a 4 s round at batch 16 finished no request (it measured decoding alone).
 PREDICT_S, WINDOW_S = 6.0, 4.0
 SAMPLE_A, SAMPLE_B = tiny_models.prompts(64, seed=11), tiny_models.prompts(64, seed=12)
 #: Each prompt's output length, per sample.
@@ -128,7 +133,7 @@ def shutdown(llm: Any) -> None:
 
 
 def run_pair(name: str, target: Path, draft: Path, length: int, samples: tuple[list[str], list[str]],
-             rounds: int) -> dict[str, Any]:
+             rounds: int, stem: str) -> dict[str, Any]:
     from specscope.verdict import estimate
 
     plain = engine(target, length)
@@ -141,10 +146,10 @@ def run_pair(name: str, target: Path, draft: Path, length: int, samples: tuple[l
     spec.specscope.set_baseline(baseline)
     order = PromptOrder(len(samples[0]))
     for b in BATCHES:
-        steady_throughput(spec, b, PREDICT_S, samples[0], TOKENS_A, order=order)
+        steady_throughput(spec, b, PREDICT_S, samples[0], TOKENS_A, order=order, settle=True, min_finished=b)
         order.next_window()
     snap = spec.snapshot()
-    (RESULTS / f"truth_user_{name}.snapshot.json").write_text(json.dumps(codec.to_dict(snap)) + "\n")
+    (RESULTS / f"{stem}_{name}.snapshot.json").write_text(json.dumps(codec.to_dict(snap)) + "\n")
     estimates = {b: estimate(snap, batch_size=b) for b in BATCHES}
     predicting_tokens = _tokens_per_step(snap.lifetime.step_times)
     predicting_ms = _step_ms(snap.lifetime.step_times)
@@ -161,8 +166,8 @@ def run_pair(name: str, target: Path, draft: Path, length: int, samples: tuple[l
             ratios, order = [], PromptOrder(len(samples[1]))
             for r in range(rounds):
                 first, second = (spec, plain) if r % 2 else (plain, spec)
-                got = {id(llm): steady_throughput(llm, b, WINDOW_S, samples[1], TOKENS_B, order=order, settle=True)
-                       for llm in (first, second)}
+                got = {id(llm): steady_throughput(llm, b, WINDOW_S, samples[1], TOKENS_B, order=order, settle=True,
+                                                  min_finished=b) for llm in (first, second)}
                 ratios.append(got[id(spec)] / got[id(plain)])
                 order.next_window()
             measured[k][b] = statistics.median(ratios)
@@ -179,6 +184,7 @@ def run_pair(name: str, target: Path, draft: Path, length: int, samples: tuple[l
               "rounds": [round(x, 3) for x in rounds_seen[(k, b)]]} for k in KS for b in BATCHES]
     return {"cells": judge(cells, estimates),
             "c": {b: None if e is None else round(e.c, 3) for b, e in estimates.items()},
+            "c_basis": {b: None if e is None else e.c_basis for b, e in estimates.items()},
             "interval_basis": {b: None if e is None else e.interval_basis for b, e in estimates.items()},
             "baseline": [{"batch": t.batch_size, "ms": round(1e3 * t.mean_s, 2), "context": round(t.context, 1),
                           "us_per_context_token": round(1e6 * t.context_slope, 2), "spread": round(t.spread, 3)}
@@ -217,22 +223,24 @@ def judge(cells: list[dict[str, Any]], estimates: dict[int, Any]) -> list[dict[s
             "error": round(p / m - 1.0, 3), "within_10pct": abs(p / m - 1.0) <= 0.10,
             "inside_interval": None if iv is None else iv[0] <= m <= iv[1],
             "call_right": None if not decided else (p >= 1.0) == (m >= 1.0),
-            "wrong_not_paying": iv is not None and iv[1] < 1.0 and m > 1.05,
+            # What the alert fires on: the interval's top under 1.0, the point's without an interval.
+            "wrong_not_paying": (iv[1] if iv else p) < 1.0 and m > 1.05,
         })
     return out
 
 
-def replay() -> dict[str, Any]:
+def replay(stem: str) -> dict[str, Any]:
     """The saved results judged again by this checkout's verdict, on each pair's saved predicting snapshot: a
     change to the model is checked against the same measurements without running the engines again."""
     from specscope.verdict import estimate
 
-    doc = json.loads((RESULTS / "truth_user.json").read_text())
+    doc = json.loads((RESULTS / f"{stem}.json").read_text())
     for name, pair in doc["pairs"].items():
-        snap = codec.from_dict(json.loads((RESULTS / f"truth_user_{name}.snapshot.json").read_text()))
+        snap = codec.from_dict(json.loads((RESULTS / f"{stem}_{name}.snapshot.json").read_text()))
         estimates = {b: estimate(snap, batch_size=b) for b in BATCHES}
         pair["cells"] = judge(pair["cells"], estimates)
         pair["interval_basis"] = {str(b): None if e is None else e.interval_basis for b, e in estimates.items()}
+        pair["c_basis"] = {str(b): None if e is None else e.c_basis for b, e in estimates.items()}
         if snap.baseline is not None:
             pair["plain_priced_ms"] = _priced(snap.baseline, {int(b): context for b, context
                                                               in pair["plain_serving_context"].items()})
@@ -304,31 +312,34 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", default="tiny,deep01,deep01-rag,wide01")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--results", default="truth_user", help="the results' name in benchmarks/results")
     ap.add_argument("--update", action="store_true",
                     help="replace only these pairs in the saved results, keeping the others")
     ap.add_argument("--replay", action="store_true",
                     help="judge the saved measurements again with this checkout's verdict (no engines)")
     args = ap.parse_args()
     if args.replay:
-        doc = replay()
-        write("truth_user", {k: v for k, v in doc.items() if k not in ("benchmark", "machine", "python")})
-        (RESULTS / "truth_user.md").write_text(table(doc["pairs"]))
+        doc = replay(args.results)
+        write(args.results, {k: v for k, v in doc.items() if k not in ("benchmark", "machine", "python")})
+        (RESULTS / f"{args.results}.md").write_text(table(doc["pairs"]))
         return
     available = pairs()
-    saved = RESULTS / "truth_user.json"
+    saved = RESULTS / f"{args.results}.json"
     results = json.loads(saved.read_text())["pairs"] if args.update and saved.is_file() else {}
     for name in args.pairs.split(","):
-        results[name] = run_pair(name, *available[name], args.rounds)
+        results[name] = run_pair(name, *available[name], args.rounds, args.results)
         doc = {"workload": f"greedy, {LENGTHS[0]}-{LENGTHS[1]} output tokens a request (drawn per prompt), batch "
                            f"sizes {BATCHES} held full; predicted from one K={RUNNING_K} run of {PREDICT_S:g} s a "
-                           "batch size on sample A (seed 11) against a baseline of `specscope calibrate`'s defaults "
-                           "(taken with the speculative engine idle beside it); "
+                           "batch size (counted once its first prompts were prefilled) on sample A (seed 11) "
+                           "against a baseline of `specscope calibrate`'s defaults (taken with the speculative engine "
+                           "idle beside it); "
                            f"measured on sample B (seed 12), median of {args.rounds} alternating rounds of "
-                           f"{WINDOW_S:g} s counted once the batch's first prompts were prefilled; both samples walked "
+                           f"{WINDOW_S:g} s counted once the batch's first prompts were prefilled, every window "
+                           "lasting until as many requests as the batch holds had finished; both samples walked "
                            "through, each window starting where the last stopped; prefix caching off",
                "summary": summarize(results), "pairs": results}
-        write("truth_user", doc)
-        (RESULTS / "truth_user.md").write_text(table(results))
+        write(args.results, doc)
+        (RESULTS / f"{args.results}.md").write_text(table(results))
         print(summarize(results), flush=True)
 
 
