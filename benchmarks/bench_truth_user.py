@@ -182,10 +182,7 @@ def run_pair(name: str, target: Path, draft: Path, length: int, samples: tuple[l
     shutdown(plain)
     cells = [{"k": k, "batch": b, "measured": round(measured[k][b], 3),
               "rounds": [round(x, 3) for x in rounds_seen[(k, b)]]} for k in KS for b in BATCHES]
-    return {"cells": judge(cells, estimates),
-            "c": {b: None if e is None else round(e.c, 3) for b, e in estimates.items()},
-            "c_basis": {b: None if e is None else e.c_basis for b, e in estimates.items()},
-            "interval_basis": {b: None if e is None else e.interval_basis for b, e in estimates.items()},
+    return {"cells": judge(cells, estimates), **_estimated(estimates),
             "baseline": [{"batch": t.batch_size, "ms": round(1e3 * t.mean_s, 2), "context": round(t.context, 1),
                           "us_per_context_token": round(1e6 * t.context_slope, 2), "spread": round(t.spread, 3)}
                          for t in baseline.times],
@@ -199,6 +196,13 @@ def run_pair(name: str, target: Path, draft: Path, length: int, samples: tuple[l
             "tokens_per_step": {"sample_a": predicting_tokens, "sample_b": measuring_tokens},
             # ... and the running K's own decode steps in both: the prediction takes sample A's.
             "spec_step_ms": {"sample_a": predicting_ms, "sample_b": measuring_ms}}
+
+
+def _estimated(estimates: dict[int, Any]) -> dict[str, dict[int, Any]]:
+    """What each batch size's estimate rests on: c, where c came from, and what its interval was drawn from."""
+    return {key: {b: None if e is None else value(e) for b, e in estimates.items()}
+            for key, value in (("c", lambda e: round(e.c, 3)), ("c_basis", lambda e: e.c_basis),
+                               ("interval_basis", lambda e: e.interval_basis))}
 
 
 def judge(cells: list[dict[str, Any]], estimates: dict[int, Any]) -> list[dict[str, Any]]:
@@ -239,8 +243,7 @@ def replay(stem: str) -> dict[str, Any]:
         snap = codec.from_dict(json.loads((RESULTS / f"{stem}_{name}.snapshot.json").read_text()))
         estimates = {b: estimate(snap, batch_size=b) for b in BATCHES}
         pair["cells"] = judge(pair["cells"], estimates)
-        pair["interval_basis"] = {str(b): None if e is None else e.interval_basis for b, e in estimates.items()}
-        pair["c_basis"] = {str(b): None if e is None else e.c_basis for b, e in estimates.items()}
+        pair.update(_estimated(estimates))
         if snap.baseline is not None:
             pair["plain_priced_ms"] = _priced(snap.baseline, {int(b): context for b, context
                                                               in pair["plain_serving_context"].items()})
