@@ -293,12 +293,12 @@ METRICS: tuple[Metric, ...] = (
            "Expected speedup over no speculation (Leviathan et al.) from the window's alpha, K and cost ratio c.",
            _one(lambda s: _speedup(s, "expected_speedup"))),
     Metric("specscope.spec_decode.expected_speedup_low", "gauge", "1",
-           "Bottom of the expected speedup's 90% interval (requests' acceptance resampled, the baseline's step-time "
-           "spread); absent where too few requests carry speculative numbers.",
+           "Bottom of the expected speedup's 90% interval (requests' acceptance resampled, the step times' spread "
+           "where c is measured); absent where too few requests carry speculative numbers and c is not measured.",
            _one(lambda s: _interval_end(s, 0))),
     Metric("specscope.spec_decode.expected_speedup_high", "gauge", "1",
            "Top of the expected speedup's 90% interval; under 1, speculation loses with confidence; absent where "
-           "too few requests carry speculative numbers.",
+           "too few requests carry speculative numbers and c is not measured.",
            _one(lambda s: _interval_end(s, 1))),
     Metric("specscope.spec_decode.traffic_speedup", "gauge", "1",
            "Speedup of the window's traffic as the engine ran it: each batch size's expected speedup weighted by the "

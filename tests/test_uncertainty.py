@@ -15,7 +15,7 @@ from specscope.verdict import estimate, load_profile, measured_cost, save_profil
 from specscope.verdict.speedup import SpeedupEstimate
 from specscope.verdict.uncertainty import FIXED, MIN_REQUESTS
 from tests.test_hub import Clock
-from tests.test_verdict import SETUP, draft_step, speculative_hub
+from tests.test_verdict import SETUP, draft_step, speculative_hub, with_baseline
 
 
 def test_decode_steps_record_the_context_their_requests_attend_over() -> None:
@@ -87,6 +87,33 @@ def test_no_interval_from_too_few_requests_and_the_point_decides() -> None:
     assert est.surely_loses == (est.expected_speedup < 1.0)
 
 
+@pytest.mark.parametrize(("sixteen_s", "loses"), [(0.0252, False), (0.030, True)])
+def test_a_measured_c_draws_the_step_times_without_requests_to_resample(tmp_path: Path, sixteen_s: float,
+                                                                        loses: bool) -> None:
+    """Issue 25.4: a window that finished too few requests to resample (wide01 at batch 16 on a slow day: two) and a
+    measured c. The step times' spread still gives an interval, acceptance held as the steps observed it: 0.94x at
+    batch 16 reaches above 1.0x (it may not pay, and is not called a loss), 0.80x does not; both are exported. The
+    interval is each K's absolute speedup, not a ranking of the Ks: the advice is the best K's, as without one."""
+    from specscope.catalogue import BY_NAME
+
+    hub = speculative_hub(Clock(), sixteen_s=sixteen_s)  # no request records: nothing to resample
+    with_baseline(hub, tmp_path)
+    snap = hub.snapshot()
+    est = estimate(snap, batch_size=16)
+    assert est is not None and est.measured and est.interval is not None and est.interval_requests == 0
+    low, high = est.interval
+    assert low < est.expected_speedup < high and est.surely_loses == loses and (high < 1.0) == loses
+    assert est.expected_speedup == pytest.approx(0.94 if not loses else 0.80, abs=0.01)
+    assert "acceptance as observed (too few requests to resample, 8 needed)" in est.explain()
+    assert est.near_best is None and est.advised_k == est.best_k
+    assert snap.decode_batch == 16
+    ((_, exported),) = BY_NAME["specscope.spec_decode.expected_speedup_high"].read(snap)
+    assert exported == pytest.approx(high)
+    # Without a measured c (the configs' parameter share) and without requests, there is still none.
+    hub.set_baseline(None)
+    assert estimate(hub.snapshot(), batch_size=16).interval is None  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize(("c", "fires"), [(0.55, False), (1.0, True)])
 def test_not_paying_fires_only_when_speculation_loses_with_confidence(c: float, fires: bool) -> None:
     """At c 0.55 the point is 0.94x but the interval reaches above 1.0 (20 requests of two kinds): no alert, the
@@ -105,6 +132,7 @@ def _estimate(k: int, by_k: tuple[float, ...], high: tuple[float, ...] = ()) -> 
     return SpeedupEstimate(alpha=0.7, k=k, c=0.1, c_basis="measured", c_source="", tokens_per_step=3.0,
                            tokens_observed=True, decode_speedup=by_k[k], prefill_share=None, by_k=by_k,
                            k0_speedup=0.9, interval=(low[k], high[k]) if high else None,
+                           interval_requests=20 if high else 0,
                            bands=(lambda: (low, high)) if high else None)
 
 

@@ -61,9 +61,11 @@ class SpeedupEstimate:
     #: What the estimate cannot account for, for people ("" when nothing).
     caveat: str = ""
     #: The expected speedup's interval at the running K (:mod:`specscope.verdict.uncertainty`) and what it was drawn
-    #: from; None where it could not be drawn (too few requests with speculative numbers).
+    #: from; None where it could not be drawn (too few requests with speculative numbers, and c not measured).
     interval: tuple[float, float] | None = None
     interval_basis: str = ""
+    #: The distinct requests whose acceptance the interval resampled; 0: drawn over the step times alone.
+    interval_requests: int = 0
     #: Computes the interval at every K (``(low, high)``, read as :attr:`low` and :attr:`high`) when first asked: the
     #: decisions need the running K's alone, and every K's costs a curve per draw.
     bands: Callable[[], Bands] | None = field(default=None, compare=False, repr=False)
@@ -102,14 +104,15 @@ class SpeedupEstimate:
     @property
     def advised_k(self) -> int:
         """The K to run: :attr:`best_k`, unless the running K's interval reaches the best speedup (the difference
-        is inside the noise: a restart for nothing)."""
+        is inside the noise: a restart for nothing). Only an interval over the requests' acceptance says so: a
+        plain step drawn slower or faster moves every K alike."""
         return self._advised(self.by_k)
 
     @property
     def near_best(self) -> tuple[int, int] | None:
         """The smallest and largest K whose interval reaches the best speedup (indistinguishable from the best);
-        None without an interval."""
-        if not self.high:
+        None without an interval over the requests' acceptance."""
+        if not self.high or not self.interval_requests:
             return None
         top = self.best_speedup
         ks = [j for j in range(1, len(self.high)) if self.high[j] >= top]
@@ -129,7 +132,8 @@ class SpeedupEstimate:
 
     def _advised(self, curve: tuple[float, ...]) -> int:
         best = acc.best_k(curve)[0]
-        if best != self.k and self.interval is not None and self.interval[1] >= curve[best]:
+        if best != self.k and self.interval_requests and self.interval is not None and \
+                self.interval[1] >= curve[best]:
             return self.k
         return best
 
@@ -332,8 +336,8 @@ def _estimate(snap: Snapshot, cost: CostRatio | None, batch_size: int | None) ->
 
     by_k = (1.0, *(speedup_at(j, rates, a, tokens, cost.value) for j in range(1, acc.K_MAX + 1)))
     decode_now = tokens / (k * cost.value + 1.0)
-    interval, basis, bands = _interval(snap, batch, k, cost.value, measured is not None, (rates, a, tokens),
-                                       speedup_at)
+    interval, basis, bands, requests = _interval(snap, batch, k, cost.value, measured is not None,
+                                                 (rates, a, tokens), speedup_at)
     k0, k0_basis = k0_decode(snap, cost)
     return SpeedupEstimate(
         alpha=a, k=k, c=cost.value, c_basis=_basis(cost, measured is not None),
@@ -342,8 +346,7 @@ def _estimate(snap: Snapshot, cost: CostRatio | None, batch_size: int | None) ->
         batch_size=batch if measured is not None or observed is not None else None,
         k0_speedup=acc.end_to_end(k0, decode_now, rho or 0.0, draft_prefill), k0_basis=k0_basis,
         caveat=(LOSSY_CAVEAT if snap.engine.lossy_verification else "") + _slow_baseline(snap, measured),
-        interval=interval,
-        interval_basis=basis, bands=bands,
+        interval=interval, interval_basis=basis, interval_requests=requests, bands=bands,
     )
 
 
@@ -392,7 +395,7 @@ def _k0_estimate(snap: Snapshot, cost: CostRatio | None, batch: int, per_positio
         return acc.end_to_end(decode, now, rho or 0.0, draft_prefill)
 
     point = (rates, a, tokens)
-    interval, basis, bands = _interval(snap, batch, 0, c0, measured is not None, point, speedup_at)
+    interval, basis, bands, requests = _interval(snap, batch, 0, c0, measured is not None, point, speedup_at)
     live = steps_at(snap, batch) is not None
     return SpeedupEstimate(
         alpha=a, k=0, c=c.value, c_basis=_basis(c, measured is not None), c_source=c.source, tokens_per_step=1.0,
@@ -402,7 +405,7 @@ def _k0_estimate(snap: Snapshot, cost: CostRatio | None, batch: int, per_positio
         batch_size=batch if measured is not None or live else None,
         k0_speedup=speedup_at(0, *point, c0), k0_basis=k0_basis,
         caveat=LOSSY_CAVEAT if snap.engine.lossy_verification else "",
-        interval=interval, interval_basis=basis, bands=bands,
+        interval=interval, interval_basis=basis, interval_requests=requests, bands=bands,
     )
 
 
@@ -454,10 +457,12 @@ def _slow_baseline(snap: Snapshot, measured: CostRatio | None) -> str:
 def _interval(snap: Snapshot, batch: int | None, k: int, c: float, measured: bool,
               point: tuple[tuple[float, ...], float, float],
               speedup_at: Callable[[int, tuple[float, ...], float, float, float, float], float],
-              ) -> tuple[tuple[float, float] | None, str, Callable[[], Bands] | None]:
-    """``(interval at the running K, basis, every K's interval when called)``: ``speedup_at`` over the requests'
-    resampled acceptance and, where c is measured, a plain step time drawn from the baseline's spread; None without
-    enough requests.
+              ) -> tuple[tuple[float, float] | None, str, Callable[[], Bands] | None, int]:
+    """``(interval at the running K, basis, every K's interval when called, requests resampled)``: ``speedup_at``
+    over the requests' resampled acceptance and, where c is measured, a plain step time drawn from the baseline's
+    spread. With too few requests to resample (a window at a large batch size may finish two), a measured c still
+    draws its step times, with acceptance as observed over the window's steps: the step times' unsureness is said,
+    and a point just under 1.0x is not called a loss on it. None with neither.
 
     At a K other than the running one, the model's own unknown is drawn too: a speculative step pays part of its
     cost whatever its K (vLLM's speculative path: sampling, bookkeeping, the proposer's set-up), and one K's step
@@ -465,8 +470,6 @@ def _interval(snap: Snapshot, batch: int | None, k: int, c: float, measured: boo
     token's worth (:func:`uncertainty.fixed_shares`), which lowers K below the running one and raises K above it;
     the point takes the middle (:data:`uncertainty.FIXED`). Each K's interval holds its point."""
     res = uncertainty.resample(snap)
-    if res is None or not res.draws:
-        return None, "", None
     base = usable_baseline(snap)
     rows = [t for t in base.times if t.steps >= MIN_STEPS] if base is not None and measured and batch else []
     spread = min(rows, key=lambda t: abs(t.batch_size - (batch or 1))).spread if rows else 0.0
@@ -478,13 +481,16 @@ def _interval(snap: Snapshot, batch: int | None, k: int, c: float, measured: boo
     moving = live.spread if live is not None else 0.0
     drift = max(moving, uncertainty.MOMENT_DRIFT) if rows else 0.0
     spread = (spread * spread + 2 * drift * drift) ** 0.5
+    if (res is None or not res.draws) and not spread:
+        return None, "", None, 0
+    accepted = res.draws if res is not None and res.draws else (uncertainty.AS_OBSERVED,) * uncertainty.DRAWS
     rates, a, tokens = point
     n = max(k, 1)  # draft tokens a step pays c for (at a K = 0 range, c is its steps' cost c0: one a step)
     draws = [(tuple(r * (d.rates[i] if i < len(d.rates) else 1.0) for i, r in enumerate(rates)),
               min(0.999, a * d.alpha), 1.0 + (tokens - 1.0) * d.gained,
               max(0.0, ((1.0 + n * c) / m - 1.0) / n) if spread else c, f)
-             for d, m, f in zip(res.draws, uncertainty.noise(len(res.draws), spread),
-                                uncertainty.fixed_shares(len(res.draws)), strict=True)]
+             for d, m, f in zip(accepted, uncertainty.noise(len(accepted), spread),
+                                uncertainty.fixed_shares(len(accepted)), strict=True)]
 
     def bands() -> Bands:
         ends = []
@@ -494,12 +500,16 @@ def _interval(snap: Snapshot, batch: int | None, k: int, c: float, measured: boo
             ends.append((min(lo, p), max(hi, p)))
         return (1.0, *(lo for lo, _ in ends)), (1.0, *(hi for _, hi in ends))
 
-    basis = f"{uncertainty.COVERAGE:.0%} interval over {res.requests} requests"
-    return (uncertainty.quantiles([speedup_at(k, *x) for x in draws]),
-            basis + (f" and a {spread:.0%} spread of the step times' ratio (the baseline's rounds, and each step "
-                     f"time's drift between moments: {drift:.0%}, "
-                     + ("as the live steps move from second to second)" if moving >= drift else "the least assumed)")
-                     if spread else ""), bands)
+    resampled = res.requests if res is not None and res.draws else 0
+    steps = (f"a {spread:.0%} spread of the step times' ratio (the baseline's rounds, and each step time's drift "
+             f"between moments: {drift:.0%}, " + ("as the live steps move from second to second)" if moving >= drift
+                                                    else "the least assumed)")) if spread else ""
+    if resampled:
+        basis = f"{uncertainty.COVERAGE:.0%} interval over {resampled} requests" + (f" and {steps}" if steps else "")
+    else:
+        basis = f"{uncertainty.COVERAGE:.0%} interval over {steps}" + (
+            f"; acceptance as observed (too few requests to resample, {uncertainty.MIN_REQUESTS} needed)" if k else "")
+    return uncertainty.quantiles([speedup_at(k, *x) for x in draws]), basis, bands, resampled
 
 
 def k0_decode(snap: Snapshot, cost: CostRatio) -> tuple[float, str]:

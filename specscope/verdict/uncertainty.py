@@ -44,6 +44,10 @@ class Draw:
     alpha: float
 
 
+#: A draw that keeps the sample's acceptance as it is (no requests to resample).
+AS_OBSERVED = Draw((), 1.0, 1.0)
+
+
 @dataclass(frozen=True)
 class Resample:
     """The draws and what they were drawn from."""
