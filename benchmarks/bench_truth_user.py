@@ -58,6 +58,7 @@ from benchmarks._common import RESULTS, write
 from specscope import codec, intervals, tiny_models
 from specscope.measure import PromptOrder, measure_step_times, steady_throughput
 from specscope.tiny_models.models import llama_config
+from specscope.verdict.baseline import MAX_ROUNDS
 
 KS = (1, 2, 4, 6)
 RUNNING_K = 4
@@ -142,7 +143,7 @@ def run_pair(name: str, target: Path, draft: Path, length: int, samples: tuple[l
     # was priced 15-33% under the one it served beside the speculative engine (-5% to +10% calibrated beside it).
     spec = engine(target, length, draft, RUNNING_K)
     print(f"{name}: calibrating as `specscope calibrate` does by default", flush=True)
-    baseline = measure_step_times(plain, BATCHES)
+    baseline = measure_step_times(plain, BATCHES, max_rounds=MAX_ROUNDS)
     spec.specscope.set_baseline(baseline)
     order = PromptOrder(len(samples[0]))
     for b in BATCHES:

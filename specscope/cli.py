@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from specscope._version import __version__
+from specscope.verdict.baseline import MAX_ROUNDS
 
 
 def _models(args: argparse.Namespace) -> int:
@@ -149,11 +150,11 @@ def _calibrate(args: argparse.Namespace) -> int:
 
     try:
         sizes = sorted({int(x) for x in args.batch_sizes.split(",")})
-        if not sizes or sizes[0] < 1 or args.tokens < 2:
+        if not sizes or sizes[0] < 1 or args.tokens < 2 or args.max_rounds < 1:
             raise ValueError
     except ValueError:
-        print("specscope: error: --batch-sizes takes positive integers like 1,8 and --tokens at least 2",
-              file=sys.stderr)
+        print("specscope: error: --batch-sizes takes positive integers like 1,8, --tokens at least 2 and "
+              "--max-rounds at least 1", file=sys.stderr)
         return 2
     try:
         engine = _engine_args(args.engine_arg)
@@ -190,7 +191,8 @@ def _calibrate(args: argparse.Namespace) -> int:
             print(f"specscope: error: no prompt in {args.prompts} fits max_model_len with --tokens {args.tokens}",
                   file=sys.stderr)
             return 2
-    profile = measure_step_times(llm, sizes, args.tokens, prompts=workload.prompts if workload else None)
+    profile = measure_step_times(llm, sizes, args.tokens, prompts=workload.prompts if workload else None,
+                                 max_rounds=args.max_rounds)
     stop_engine(llm)
     save_profile(profile, args.out)
     if workload:
@@ -198,8 +200,14 @@ def _calibrate(args: argparse.Namespace) -> int:
         print(f"on {len(workload.prompts)} prompts of {args.prompts} (mean {mean:.0f} prompt tokens)")
     for t in profile.times:
         print(f"batch {t.batch_size:>4}: {1e3 * t.mean_s:8.2f} ms per decode step ({t.steps} steps) at "
-              f"{t.context:.0f} tokens of context, +{1e6 * t.context_slope:.1f} us per token more")
-    print(f"wrote {args.out}; pass it as specscope.LLM(..., specscope_baseline=...) or SPECSCOPE_BASELINE")
+              f"{t.context:.0f} tokens of context, +{1e6 * t.context_slope:.1f} us per token more; rounds "
+              f"{t.spread:.0%} apart")
+    worst = max(profile.times, key=lambda t: t.spread)
+    if worst.spread > 0.1:
+        print(f"this machine's speed moved between rounds ({worst.spread:.0%} apart at batch {worst.batch_size}): "
+              "the verdict's intervals widen with it; calibrate on a quieter machine for sharper ones")
+    print(f"wrote {args.out} ({profile.source}); pass it as specscope.LLM(..., specscope_baseline=...) or "
+          "SPECSCOPE_BASELINE")
     return 0
 
 
@@ -316,6 +324,9 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("model", help="target model (as for vllm.LLM)")
     cal.add_argument("--batch-sizes", default="1,2,4,8,16", help="comma-separated batch sizes (default 1,2,4,8,16)")
     cal.add_argument("--tokens", type=int, default=64, help="tokens generated per request (default 64)")
+    cal.add_argument("--max-rounds", type=int, default=MAX_ROUNDS,
+                     help=f"time more rounds than the first 3 while they disagree, up to this many (default "
+                          f"{MAX_ROUNDS})")
     cal.add_argument("--prompts", metavar="FILE",
                      help="calibrate on these prompts (the formats specscope evaluate takes) and a contrast set of "
                           "other lengths: a decode step's time grows with the context, and the verdict prices it at "

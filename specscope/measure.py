@@ -17,10 +17,16 @@ from specscope.verdict.baseline import merge_profiles
 
 #: The longest contrast context :func:`measure_step_times` calibrates at (tokens a request attends over).
 MAX_CONTRAST_CONTEXT = 2048
+#: How sure a calibration's median step time must be before :func:`measure_step_times` stops adding rounds (up to
+#: ``max_rounds``): its standard error, 1.25 · spread / √rounds, under 3% at every batch size. On a quiet machine
+#: (rounds 1.4-3.3% apart) three rounds are enough; on a slow day's (6-21% apart) the price of a plain step moved by
+#: 17% with three.
+SETTLED = 0.03
 
 
 def measure_step_times(llm: Any, batch_sizes: Sequence[int], tokens: int = 64, rounds: int = 3,
-                       prompts: Sequence[Any] | None = None, contexts: int = 2, round_s: float = 0.5) -> StepProfile:
+                       prompts: Sequence[Any] | None = None, contexts: int = 2, round_s: float = 0.5,
+                       max_rounds: int | None = None) -> StepProfile:
     """Run greedy batches of each size for ``tokens`` tokens and return the engine's decode-step times.
 
     On an engine without speculation this is the baseline that turns a speculative engine's step times into a
@@ -36,7 +42,8 @@ def measure_step_times(llm: Any, batch_sizes: Sequence[int], tokens: int = 64, r
     one round caught in a slow spell of the machine (they last seconds here) does not move the baseline; and a
     round at a batch size generates again until it has run ``round_s`` seconds, so that a model whose step takes a
     millisecond is timed over as long a moment as one whose step takes tens (64 steps of 1.5 ms are a tenth of a
-    second: one slow spell is the whole round).
+    second: one slow spell is the whole round). With ``max_rounds``, rounds go on after ``rounds`` while they
+    disagree (:data:`SETTLED`), and the profile's source says how many were timed.
     """
     from vllm import SamplingParams
 
@@ -58,7 +65,8 @@ def measure_step_times(llm: Any, batch_sizes: Sequence[int], tokens: int = 64, r
 
     run(8, reference)
     measured: list[list[StepProfile]] = [[] for _ in sets]
-    for _ in range(rounds):
+    while len(measured[0]) < rounds or (len(measured[0]) < (max_rounds or 0) and
+                                        not settled(measured[0], batch_sizes)):
         for i, chosen in enumerate(sets):
             measured[i].append(run(tokens, chosen, round_s))
     contrast = {t.batch_size: t for t in median_rows(measured[-1], batch_sizes)} if len(sets) > 1 else {}
@@ -70,7 +78,14 @@ def measure_step_times(llm: Any, batch_sizes: Sequence[int], tokens: int = 64, r
             t = replace(t, context_slope=max(0.0, (other.mean_s - t.mean_s) / (other.context - t.context)))
         times.append(t)
     snap = llm.snapshot()
-    return StepProfile(tuple(times), f"measured on {snap.engine.model}", snap.engine.setup)
+    more = f", {len(measured[0])} rounds: they disagreed" if len(measured[0]) > rounds else ""
+    return StepProfile(tuple(times), f"measured on {snap.engine.model}{more}", snap.engine.setup)
+
+
+def settled(rounds: Sequence[StepProfile], batch_sizes: Collection[int]) -> bool:
+    """Whether the median of ``rounds`` is sure enough at every batch size (:data:`SETTLED`); never with one."""
+    return len(rounds) > 1 and all(1.25 * t.spread / len(rounds) ** 0.5 <= SETTLED
+                                   for t in median_rows(rounds, batch_sizes))
 
 
 def median_rows(rounds: Sequence[StepProfile], batch_sizes: Collection[int]) -> list[StepTime]:

@@ -135,7 +135,7 @@ def test_rules_command_bad_thresholds_are_one_line_exit_2(tmp_path: Path) -> Non
 
 
 def test_calibrate_bad_input_is_one_line_exit_2(tmp_path: Path) -> None:
-    for args in (["--batch-sizes", "0,8"], ["--batch-sizes", "a"], ["--tokens", "1"],
+    for args in (["--batch-sizes", "0,8"], ["--batch-sizes", "a"], ["--tokens", "1"], ["--max-rounds", "0"],
                  ["--engine-arg", "novalue"], ["--engine-arg", 'speculative_config={"method": "ngram"}']):
         r = specscope("calibrate", str(tmp_path), *args)
         assert r.returncode == 2, args

@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from specscope.measure import median_rows
+from specscope.measure import median_rows, settled
 from specscope.model import StepProfile, StepTime
 
 
@@ -21,3 +21,19 @@ def test_a_row_is_its_median_round_with_the_rounds_spread_and_pooled_steps() -> 
     assert one.steps == 400 and one.context == pytest.approx(75.0)  # steps pooled, context step-weighted
     assert one.spread == pytest.approx(statistics.stdev([0.010, 0.030, 0.012]) / 0.012)
     assert rows[4].mean_s == pytest.approx(0.020) and rows[4].spread == 0.0  # one round: no spread known
+
+
+def test_rounds_are_settled_when_their_median_is_sure_at_every_batch_size() -> None:
+    """The median's standard error, 1.25 * spread / sqrt(rounds), under SETTLED at each batch size: three rounds 2%
+    apart are; three 6% apart are not, nine are; one round never is (no spread to tell)."""
+    def rounds(spread: float, n: int, batch: int = 1) -> list[StepProfile]:
+        # Rounds alternating around 10 ms by +-spread (their standard deviation / median is about spread).
+        return [StepProfile((StepTime(batch, 10, 0.010 * (1 + spread * (-1) ** i)),), "r") for i in range(n)]
+
+    assert not settled(rounds(0.0, 1), (1,))
+    assert settled(rounds(0.02, 3), (1,))
+    assert not settled(rounds(0.06, 3), (1,)) and settled(rounds(0.06, 9), (1,))
+    assert not settled(rounds(0.15, 9), (1,))  # a slow day's: nine rounds are as sure as it gets (max_rounds)
+    # Every batch size must be: a quiet batch 1 beside a noisy batch 8 is not.
+    both = [StepProfile(q.times + n.times, "r") for q, n in zip(rounds(0.0, 3), rounds(0.2, 3, 8), strict=True)]
+    assert not settled(both, (1, 8)) and settled(both, (1,))

@@ -20,6 +20,10 @@ from specscope.model import (
 
 log = logging.getLogger("specscope")
 
+#: The most rounds ``specscope calibrate`` times by default: more than the first three only while they disagree
+#: (:func:`specscope.measure.measure_step_times`'s ``max_rounds``).
+MAX_ROUNDS = 9
+
 
 def baseline_problem(baseline: StepProfile, setup: EngineSetup | None) -> str | None:
     """Why ``baseline`` cannot be used for an engine of ``setup``; None when it can (or either is unknown)."""
