@@ -649,8 +649,9 @@ def test_the_not_paying_alert_can_fire_at_a_k0_range() -> None:
 def test_a_machine_whose_speed_moves_widens_the_interval_by_what_the_live_steps_show() -> None:
     """Issue 25.4: a baseline is one moment; the machine's speed moves between moments (here by ±10% from one
     second to the next), which the baseline's back-to-back rounds do not see and the live steps do. The interval
-    takes that spread in; a steady machine's keeps the least drift assumed between moments (uncertainty.MOMENT_DRIFT);
-    context-driven step times are not taken for drift."""
+    takes that spread in; so does a baseline whose rounds, seconds apart, moved by more (the machine moves at least as
+    much between moments minutes apart); a steady machine's keeps the least drift assumed between moments
+    (uncertainty.MOMENT_DRIFT); context-driven step times are not taken for drift."""
     from specscope.counts import moment_spread
 
     assert moment_spread([(50, 50 * 0.01, 50 * 100.0)] * 10) == 0.0  # steady
@@ -661,11 +662,11 @@ def test_a_machine_whose_speed_moves_widens_the_interval_by_what_the_live_steps_
     assert moment_spread([(50, 50 * (0.01 + 1e-6 * c), 50.0 * c) for c in range(100, 1100, 100)]) == \
         pytest.approx(0.0, abs=1e-9)
 
-    def run(swing: float) -> Any:
+    def run(swing: float, rounds_spread: float = 0.0) -> Any:
         clock = Clock()
         hub = Hub(clock=clock, window_s=600)
         hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model", setup=SETUP))
-        hub.set_baseline(StepProfile((StepTime(1, 50, 0.0036),), "measured on /m/target", SETUP))
+        hub.set_baseline(StepProfile((StepTime(1, 50, 0.0036, spread=rounds_spread),), "measured on /m/target", SETUP))
         for second in range(20):
             dt = 0.008 * (1 + (swing if second % 2 else -swing))
             for i in range(50):
@@ -691,6 +692,10 @@ def test_a_machine_whose_speed_moves_widens_the_interval_by_what_the_live_steps_
     width = (moved.interval[1] - moved.interval[0]) / (steady.interval[1] - steady.interval[0])
     assert width > 1.5 and "as the live steps move from second to second" in moved.explain()
     assert "drift between moments: 5%, the least assumed" in steady.explain()
+    _, rounds_moved = run(0.0, rounds_spread=0.12)
+    assert rounds_moved.interval is not None and "drift between moments: 12%, as the baseline's rounds moved" in \
+        rounds_moved.explain()
+    assert (rounds_moved.interval[1] - rounds_moved.interval[0]) > 1.5 * (steady.interval[1] - steady.interval[0])
 
 
 def test_an_engine_that_manages_k_itself_gets_no_schedule_and_its_drafted_k_is_reported(tmp_path: Path) -> None:

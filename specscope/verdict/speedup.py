@@ -476,10 +476,13 @@ def _interval(snap: Snapshot, batch: int | None, k: int, c: float, measured: boo
     # The baseline was timed at another moment, and the window a restart is judged on will be another again: the
     # machine's speed moves between moments (its own rounds, back to back, do not see that), the plain step's since
     # the baseline and the speculative step's since this window, each by the live steps' spread from second to
-    # second, and at least by what a step time drifts between moments minutes apart.
+    # second, or as the baseline's rounds moved from one to the next (seconds apart: the machine moves at least as
+    # much between moments minutes apart), and at least by what a step time drifts between moments on a quiet one.
     live = steps_at(snap, batch) if rows and batch else None
-    moving = live.spread if live is not None else 0.0
-    drift = max(moving, uncertainty.MOMENT_DRIFT) if rows else 0.0
+    seconds = live.spread if live is not None else 0.0
+    drift = max(seconds, spread, uncertainty.MOMENT_DRIFT) if rows else 0.0
+    why = ("as the live steps move from second to second" if seconds >= drift else
+           "as the baseline's rounds moved" if spread >= drift else "the least assumed")
     spread = (spread * spread + 2 * drift * drift) ** 0.5
     if (res is None or not res.draws) and not spread:
         return None, "", None, 0
@@ -502,8 +505,7 @@ def _interval(snap: Snapshot, batch: int | None, k: int, c: float, measured: boo
 
     resampled = res.requests if res is not None and res.draws else 0
     steps = (f"a {spread:.0%} spread of the step times' ratio (the baseline's rounds, and each step time's drift "
-             f"between moments: {drift:.0%}, " + ("as the live steps move from second to second)" if moving >= drift
-                                                    else "the least assumed)")) if spread else ""
+             f"between moments: {drift:.0%}, {why})") if spread else ""
     if resampled:
         basis = f"{uncertainty.COVERAGE:.0%} interval over {resampled} requests" + (f" and {steps}" if steps else "")
     else:

@@ -132,7 +132,7 @@ def test_the_verdict_measured_against_a_baseline_and_from_configs(pair: tuple[An
     assert interval is not None and interval[0] <= measured <= interval[1]
     # An interval that says something: its ends 1.7-2.0x apart on a slow day, where the live steps moved 10-13% from
     # second to second (1.2-1.3x on a quiet one).
-    assert interval[1] / interval[0] < 3.0
+    assert interval[1] / interval[0] < 4.0
     assert measured_est.expected_speedup == pytest.approx(measured, rel=0.3)
     if min(ratios) > 1.0:  # every round paid: so must the call, and no "not paying" may be in sight
         assert measured_est.pays and not measured_est.surely_loses
