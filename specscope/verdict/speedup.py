@@ -470,6 +470,7 @@ def _interval(snap: Snapshot, batch: int | None, k: int, c: float, measured: boo
     token's worth (:func:`uncertainty.fixed_shares`), which lowers K below the running one and raises K above it;
     the point takes the middle (:data:`uncertainty.FIXED`). Each K's interval holds its point."""
     res = uncertainty.resample(snap)
+    resampled = res.requests if res is not None and res.draws else 0
     base = usable_baseline(snap)
     rows = [t for t in base.times if t.steps >= MIN_STEPS] if base is not None and measured and batch else []
     spread = min(rows, key=lambda t: abs(t.batch_size - (batch or 1))).spread if rows else 0.0
@@ -484,9 +485,9 @@ def _interval(snap: Snapshot, batch: int | None, k: int, c: float, measured: boo
     why = ("as the live steps move from second to second" if seconds >= drift else
            "as the baseline's rounds moved" if spread >= drift else "the least assumed")
     spread = (spread * spread + 2 * drift * drift) ** 0.5
-    if (res is None or not res.draws) and not spread:
+    if not resampled and not spread:
         return None, "", None, 0
-    accepted = res.draws if res is not None and res.draws else (uncertainty.AS_OBSERVED,) * uncertainty.DRAWS
+    accepted = res.draws if res is not None and resampled else (uncertainty.AS_OBSERVED,) * uncertainty.DRAWS
     rates, a, tokens = point
     n = max(k, 1)  # draft tokens a step pays c for (at a K = 0 range, c is its steps' cost c0: one a step)
     draws = [(tuple(r * (d.rates[i] if i < len(d.rates) else 1.0) for i, r in enumerate(rates)),
@@ -503,7 +504,6 @@ def _interval(snap: Snapshot, batch: int | None, k: int, c: float, measured: boo
             ends.append((min(lo, p), max(hi, p)))
         return (1.0, *(lo for lo, _ in ends)), (1.0, *(hi for _, hi in ends))
 
-    resampled = res.requests if res is not None and res.draws else 0
     steps = (f"a {spread:.0%} spread of the step times' ratio (the baseline's rounds, and each step time's drift "
              f"between moments: {drift:.0%}, {why})") if spread else ""
     if resampled:
