@@ -281,10 +281,12 @@ def test_a_baseline_of_short_prompts_is_priced_at_the_context_of_long_ones(plain
     default calibration (short prompts, no --prompts) measures that slope against a long contrast set, and priced at
     the long prompts' context it gives their step time."""
     from specscope.measure import measure_step_times
+    from specscope.verdict.baseline import MAX_ROUNDS
 
     shared.release()
     long = [" ".join([p] * 12) for p in tiny_models.prompts(16, seed=5)]  # ~300-600 tokens each
-    default = measure_step_times(plain, (16,), tokens=32)
+    # As `specscope calibrate` runs by default: rounds added while they disagree (three were 17% apart on a slow day).
+    default = measure_step_times(plain, (16,), tokens=32, max_rounds=MAX_ROUNDS)
     measured = measure_step_times(plain, (16,), tokens=32, prompts=long, contexts=1).get(16)
     short = default.get(16)
     assert short is not None and measured is not None and measured.context > 5 * short.context
