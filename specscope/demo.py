@@ -172,7 +172,7 @@ class Demo:
                 f"{est.expected_speedup:.2f}x" + (f" ({est.interval[0]:.2f}-{est.interval[1]:.2f}x)"
                                                   if est.interval else "") + f" (best K={est.best_k})")
             self.say(f"3/5 good draft at batch {batch}: measured {self.measured[batch]:.2f}x, "
-                     f"specscope predicted {predicted}")
+                     f"specscope predicted {predicted}; rounds {', '.join(f'{x:.2f}x' for x in ratios)}")
         config = recommended_config(llm.snapshot())
         self.say("3/5 good draft: specscope's K schedule: "
                  + ("turn speculation off (remove speculative_config)" if config is None else
