@@ -651,7 +651,7 @@ def test_a_machine_whose_speed_moves_widens_the_interval_by_what_the_live_steps_
     second to the next), which the baseline's back-to-back rounds do not see and the live steps do. The interval
     takes that spread in; so does a baseline whose rounds, seconds apart, moved by more (the machine moves at least as
     much between moments minutes apart); a steady machine's keeps the least drift assumed between moments
-    (uncertainty.MOMENT_DRIFT); context-driven step times are not taken for drift."""
+    (uncertainty.SPEC_DRIFT, PLAIN_DRIFT); context-driven step times are not taken for drift."""
     from specscope.counts import moment_spread
 
     assert moment_spread([(50, 50 * 0.01, 50 * 100.0)] * 10) == 0.0  # steady
@@ -691,7 +691,7 @@ def test_a_machine_whose_speed_moves_widens_the_interval_by_what_the_live_steps_
     assert steady.expected_speedup == pytest.approx(moved.expected_speedup)  # the same mean step time
     width = (moved.interval[1] - moved.interval[0]) / (steady.interval[1] - steady.interval[0])
     assert width > 1.5 and "as the live steps move from second to second" in moved.explain()
-    assert "drift between moments: 5%, the least assumed" in steady.explain()
+    assert "drift between moments: speculative 6.5%, plain 4.6%, the least assumed" in steady.explain()
     _, rounds_moved = run(0.0, rounds_spread=0.12)
     assert rounds_moved.interval is not None and "drift between moments: 12%, as the baseline's rounds moved" in \
         rounds_moved.explain()

@@ -478,13 +478,20 @@ def _interval(snap: Snapshot, batch: int | None, k: int, c: float, measured: boo
     # machine's speed moves between moments (its own rounds, back to back, do not see that), the plain step's since
     # the baseline and the speculative step's since this window, each by the live steps' spread from second to
     # second, or as the baseline's rounds moved from one to the next (seconds apart: the machine moves at least as
-    # much between moments minutes apart), and at least by what a step time drifts between moments on a quiet one.
+    # much between moments minutes apart), and at least by what each step time drifted between moments on a quiet one.
     live = steps_at(snap, batch) if rows and batch else None
     seconds = live.spread if live is not None else 0.0
-    drift = max(seconds, spread, uncertainty.MOMENT_DRIFT) if rows else 0.0
-    why = ("as the live steps move from second to second" if seconds >= drift else
-           "as the baseline's rounds moved" if spread >= drift else "the least assumed")
-    spread = (spread * spread + 2 * drift * drift) ** 0.5
+    moved = max(seconds, spread)
+    drift = (max(moved, uncertainty.SPEC_DRIFT), max(moved, uncertainty.PLAIN_DRIFT)) if rows else (0.0, 0.0)
+
+    def why(d: float) -> str:
+        return ("as the live steps move from second to second" if seconds >= d else
+                "as the baseline's rounds moved" if spread >= d else "the least assumed")
+
+    each = (f"{drift[0]:.0%}, {why(drift[0])}" if drift[0] == drift[1] else
+            f"speculative {drift[0]:.1%}, plain {drift[1]:.1%}, {why(drift[0])}" if why(drift[0]) == why(drift[1])
+            else f"speculative {drift[0]:.1%} ({why(drift[0])}), plain {drift[1]:.1%} ({why(drift[1])})")
+    spread = (spread * spread + drift[0] * drift[0] + drift[1] * drift[1]) ** 0.5
     if not resampled and not spread:
         return None, "", None, 0
     accepted = res.draws if res is not None and resampled else (uncertainty.AS_OBSERVED,) * uncertainty.DRAWS
@@ -505,7 +512,7 @@ def _interval(snap: Snapshot, batch: int | None, k: int, c: float, measured: boo
         return (1.0, *(lo for lo, _ in ends)), (1.0, *(hi for _, hi in ends))
 
     steps = (f"a {spread:.0%} spread of the step times' ratio (the baseline's rounds, and each step time's drift "
-             f"between moments: {drift:.0%}, {why})") if spread else ""
+             f"between moments: {each})") if spread else ""
     if resampled:
         basis = f"{uncertainty.COVERAGE:.0%} interval over {resampled} requests" + (f" and {steps}" if steps else "")
     else:

@@ -1,6 +1,6 @@
 """How sure the verdict is: the spread of acceptance over the window's requests, resampled (a bootstrap over
 requests), and of the step times: the baseline's between its calibration rounds, and each step time's drift between
-moments (:data:`MOMENT_DRIFT` at least).
+moments (:data:`SPEC_DRIFT` and :data:`PLAIN_DRIFT` at least).
 
 Acceptance depends on the text: two samples of the same traffic can differ by 10-15% in tokens per step, and a
 verdict drawn from 45 requests is a sample. Each draw resamples the window's distinct requests (requests with the
@@ -121,11 +121,12 @@ def _widen(ratio: float) -> float:
     return max(0.0, 1.0 + PREDICTION * (ratio - 1.0))
 
 
-#: A step time's relative spread between moments minutes apart, the least a verdict assumes (where the live steps
-#: move less from second to second): on the 2-core CPU machines of ``benchmarks/bench_truth_user.py``, the same
-#: engine's step at the same batch size moved by 6.5% (root mean square) between two runs minutes apart, and the
-#: plain step served differed from the one its calibration priced by 4.6%.
-MOMENT_DRIFT = 0.05
+#: The least relative drift a verdict assumes between moments minutes apart (where the live steps and the baseline's
+#: rounds move less), each as measured on the 2-core CPU machines of ``benchmarks/bench_truth_user.py``: the
+#: speculative step's until the window a restart is judged on (the same engine's step at the same batch size moved by
+#: 6.5%, root mean square, between two runs minutes apart) and the plain step's since its baseline (the step served
+#: differed from the one its calibration priced by 4.6%).
+SPEC_DRIFT, PLAIN_DRIFT = 0.065, 0.046
 
 
 def noise(draws: int, spread: float) -> list[float]:
