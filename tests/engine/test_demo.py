@@ -48,7 +48,8 @@ def test_headless_demo_fires_what_each_scenario_is_about(engines: Any, tmp_path:
     measured = {int(b): float(x) for b, x in re.findall(r"good draft at batch (\d+): measured ([\d.]+)x", out)}
     predicted = {int(b): float(x) for b, x in re.findall(
         r"good draft at batch (\d+): measured [\d.]+x, specscope predicted ([\d.]+)x", out)}
-    assert measured[1] > 1.7 and measured[16] < 0.8 * measured[1], out
+    # About 2x at batch 1 on a quiet machine (2.1-2.5x); 1.65x (rounds 1.98x, 1.64x, 1.65x) in a CI run on a slow day.
+    assert measured[1] > 1.5 and measured[16] < 0.8 * measured[1], out
     assert all(predicted[b] == pytest.approx(measured[b], rel=0.10) for b in (1, 16)), out
     if min(measured.values()) >= 1.05:
         assert "SpecscopeSpeculationNotPaying" not in fired[good], out

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.engine
 PROMPTS = Path(__file__).parent.parent / "fixtures" / "evaluate-prompts.jsonl"
 
 
-def test_evaluate_ranks_the_good_draft_first_and_tells_the_weak_one_to_run_without_speculation(
+def test_evaluate_ranks_the_paying_drafts_first_and_tells_the_weak_one_to_run_without_speculation(
         tiny: dict[str, Path], engines: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     engines.close()  # the command starts its own engines
@@ -51,9 +51,11 @@ def test_evaluate_ranks_the_good_draft_first_and_tells_the_weak_one_to_run_witho
     assert ran["prose"] > 0 and ran["chat"] > 0 and doc["prompts"]["ran"] == sum(ran.values()) <= 24
     assert f"{doc['prompts']['ran']} distinct prompts run" in r.out
     cands = {c["name"]: c for c in doc["candidates"]}
-    assert doc["ranking"][0] == good and set(doc["ranking"]) == {good, weak, head, "ngram"}
-    # The EAGLE-3 head pays too: second after the layer-0 draft (which accepts more at the same cost), above n-gram.
-    assert doc["ranking"][1] == head and cands[head]["method"] == "eagle3" and cands[head]["tokenizer"] is None
+    # The layer-0 draft and the EAGLE-3 head both pay, and rank above n-gram and the unrelated draft. Between the two
+    # the order is the machine's: one round of 2.5 s windows scored both 1.61x in a CI run on a slow day (the head
+    # first, its K=2 at batch 1 measured 2.02x against the draft's 1.83x).
+    assert set(doc["ranking"][:2]) == {good, head} and set(doc["ranking"]) == {good, weak, head, "ngram"}
+    assert cands[head]["method"] == "eagle3" and cands[head]["tokenizer"] is None
     assert cands[head]["schedule"]["best"]["1"]["best_speedup"] > 1.2
     for name, c in cands.items():
         assert c["status"] == "measured" and set(c["by_k"]) == {"2", "4"}
