@@ -488,9 +488,10 @@ def _interval(snap: Snapshot, batch: int | None, k: int, c: float, measured: boo
         return ("as the live steps move from second to second" if seconds >= d else
                 "as the baseline's rounds moved" if spread >= d else "the least assumed")
 
-    each = (f"{drift[0]:.0%}, {why(drift[0])}" if drift[0] == drift[1] else
-            f"speculative {drift[0]:.1%}, plain {drift[1]:.1%}, {why(drift[0])}" if why(drift[0]) == why(drift[1])
-            else f"speculative {drift[0]:.1%} ({why(drift[0])}), plain {drift[1]:.1%} ({why(drift[1])})")
+    spec_why, plain_why = why(drift[0]), why(drift[1])
+    each = (f"{drift[0]:.0%}, {spec_why}" if drift[0] == drift[1] else
+            f"speculative {drift[0]:.1%}, plain {drift[1]:.1%}, {spec_why}" if spec_why == plain_why else
+            f"speculative {drift[0]:.1%} ({spec_why}), plain {drift[1]:.1%} ({plain_why})")
     spread = (spread * spread + drift[0] * drift[0] + drift[1] * drift[1]) ** 0.5
     if not resampled and not spread:
         return None, "", None, 0
