@@ -3,6 +3,7 @@ engine's context, intervals drawn from the requests, and decisions that wait for
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from specscope import acceptance as acc
 from specscope.alerts.rules import BY_RULE, Thresholds
 from specscope.hub import Hub
 from specscope.model import CostRatio, EngineInfo, StepProfile, StepTime
-from specscope.verdict import estimate, load_profile, measured_cost, save_profile
+from specscope.verdict import estimate, load_profile, measured_cost, save_profile, uncertainty
 from specscope.verdict.speedup import SpeedupEstimate
 from specscope.verdict.uncertainty import FIXED, MIN_REQUESTS
 from tests.test_hub import Clock
@@ -93,7 +94,8 @@ def test_a_measured_c_draws_the_step_times_without_requests_to_resample(tmp_path
     """Issue 25.4: a window that finished too few requests to resample (wide01 at batch 16 on a slow day: two) and a
     measured c. The step times' spread still gives an interval, acceptance held as the steps observed it: 0.94x at
     batch 16 reaches above 1.0x (it may not pay, and is not called a loss), 0.80x does not; both are exported. The
-    interval is each K's absolute speedup, not a ranking of the Ks: the advice is the best K's, as without one."""
+    step times' draws tell the Ks apart draw by draw: K = 3 (or speculation removed) beats the running K = 4 in
+    every draw, and is advised."""
     from specscope.catalogue import BY_NAME
 
     hub = speculative_hub(Clock(), sixteen_s=sixteen_s)  # no request records: nothing to resample
@@ -105,7 +107,7 @@ def test_a_measured_c_draws_the_step_times_without_requests_to_resample(tmp_path
     assert low < est.expected_speedup < high and est.surely_loses == loses and (high < 1.0) == loses
     assert est.expected_speedup == pytest.approx(0.94 if not loses else 0.80, abs=0.01)
     assert "acceptance as observed (too few requests to resample, 8 needed)" in est.explain()
-    assert est.near_best is None and est.advised_k == est.best_k
+    assert est.near_best is None and est.advised_k == est.best_k != est.k
     assert snap.decode_batch == 16
     ((_, exported),) = BY_NAME["specscope.spec_decode.expected_speedup_high"].read(snap)
     assert exported == pytest.approx(high)
@@ -127,27 +129,31 @@ def test_not_paying_fires_only_when_speculation_loses_with_confidence(c: float, 
     assert ("does NOT pay" if fires else "may not pay") in est.explain()
 
 
-def _estimate(k: int, by_k: tuple[float, ...], high: tuple[float, ...] = ()) -> SpeedupEstimate:
-    low = tuple(x - 0.1 for x in high)
+def _estimate(k: int, by_k: tuple[float, ...], noise: float = 0.0) -> SpeedupEstimate:
+    """An estimate whose draws put each K uniformly within ``noise`` of its point, independently of the others (none:
+    no interval)."""
+    def draws(j: int) -> tuple[float, ...]:
+        rng = random.Random(j)
+        return tuple(by_k[j] + noise * rng.uniform(-1.0, 1.0) for _ in range(200))
+
     return SpeedupEstimate(alpha=0.7, k=k, c=0.1, c_basis="measured", c_source="", tokens_per_step=3.0,
                            tokens_observed=True, decode_speedup=by_k[k], prefill_share=None, by_k=by_k,
-                           k0_speedup=0.9, interval=(low[k], high[k]) if high else None,
-                           interval_requests=20 if high else 0,
-                           bands=(lambda: (low, high)) if high else None)
+                           k0_speedup=0.9, interval=uncertainty.quantiles(draws(k)) if noise else None,
+                           interval_requests=20 if noise else 0, draws=draws if noise else None)
 
 
 def test_the_advice_keeps_the_running_k_where_the_best_is_within_its_noise() -> None:
     by_k = (1.0, 1.20, 1.30, 1.32, 1.31) + (1.2,) * (acc.K_MAX - 4)
-    sure = _estimate(2, by_k, high=tuple(x + 0.01 for x in by_k))
-    noisy = _estimate(2, by_k, high=tuple(x + 0.05 for x in by_k))
+    sure = _estimate(2, by_k, noise=0.01)
+    noisy = _estimate(2, by_k, noise=0.05)
     assert _estimate(2, by_k).advised_k == 3 and sure.advised_k == 3 and sure.scheduled_k == 3
     assert noisy.best_k == 3 and noisy.advised_k == 2 and noisy.scheduled_k == 2
     assert noisy.near_best == (2, 4) and "keep K=2" in noisy.explain() and "K=2-4 are within the noise" in \
         noisy.explain()
     # Speculation off only where the running K surely loses.
     losing = (1.0, 0.8, 0.7) + (0.6,) * (acc.K_MAX - 2)
-    assert _estimate(1, losing, high=tuple(x + 0.25 for x in losing)).advised_k == 1
-    assert _estimate(1, losing, high=tuple(x + 0.1 for x in losing)).advised_k == 0
+    assert _estimate(1, losing, noise=0.25).advised_k == 1
+    assert _estimate(1, losing, noise=0.1).advised_k == 0
 
 
 @pytest.mark.parametrize(("plain_s", "suspect"), [(0.0036, True), (0.0019, False)])

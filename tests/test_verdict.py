@@ -250,16 +250,24 @@ def test_the_traffic_answer_weighs_each_batch_size_by_the_time_spent_there(tmp_p
 
 def test_a_baseline_slower_than_the_speculative_steps_is_not_taken_as_free_speculation() -> None:
     """A speculative step verifies K+1 tokens a request, so it cannot be faster than a plain one: a baseline
-    taken while the machine ran slower gives no measured c (never c = 0, where every K would pay); the estimate
-    falls back to the parameter counts. A comparable baseline at the other batch size is still used there."""
+    taken while the machine ran slower never gives c = 0 (where every K would pay). A draft model's c is priced at
+    its weight share, as where it measures just above the baseline (the batch size stays in the K table, said to be
+    suspect); a method with no such floor (EAGLE) falls back to the configs' estimate. A comparable baseline at the
+    other batch size is still used there."""
     clock = Clock()
     hub = speculative_hub(clock)  # speculative steps: 8 ms at batch 1, 30 ms at batch 16
     hub.set_baseline(StepProfile((StepTime(1, 50, 0.0036), StepTime(16, 50, 0.040)), "slow day", SETUP))
     snap = hub.snapshot()
     sixteen, one = estimate(snap, batch_size=16), estimate(snap, batch_size=1)
+    assert sixteen is not None and sixteen.measured and sixteen.c == 0.25
+    assert "0.00 measured, under the draft's parameter share: priced at the share, 0.25" in sixteen.explain()
+    assert "likely timed while the machine ran slower" in sixteen.explain()
+    assert one is not None and one.measured and one.c == pytest.approx((0.008 / 0.0036 - 1) / 4)
+    assert [c.batch_size for c in k_table(snap)] == [1, 16]
+    hub.set_engine(EngineInfo(num_speculative_tokens=4, method="eagle", setup=SETUP))
+    sixteen = estimate(hub.snapshot(), batch_size=16)
     assert sixteen is not None and not sixteen.measured and sixteen.c == 0.25
     assert sixteen.c_basis == "parameter counts"
-    assert one is not None and one.measured and one.c == pytest.approx((0.008 / 0.0036 - 1) / 4)
 
 
 def test_measured_estimate_uses_observed_tokens_and_step_times_by_batch_size(tmp_path: Path) -> None:
@@ -598,6 +606,21 @@ def test_a_followed_k0_range_stays_measured_and_the_advice_is_a_fixed_point() ->
     assert recommended_config(snap) == {"num_speculative_tokens": 1,
                                         "num_speculative_tokens_per_batch_size": [list(r) for r in K0_SCHEDULE]}
     assert "   16       0    0.91x   (K=0: 0.91x)" in "\n".join(schedule_text(snap))
+
+
+def test_a_k0_range_measured_faster_than_the_baseline_is_priced_at_the_drafts_weight_share() -> None:
+    """A K = 0 step still runs the draft's pass: measured 5% faster than the baseline's plain step, it says the
+    baseline ran slower, not that the pass is free. A draft model's pass is priced at its weight share (0.10 here),
+    as where it measures just above the baseline, and its batch sizes stay in the K table (before, they dropped out
+    and the schedule carried batch 1's K over them); EAGLE's pass, with no such floor, is not priced from them."""
+    snap = k0_hub(Clock(), pass_cost=-0.05).snapshot()
+    sixteen = estimate(snap, batch_size=16)
+    assert sixteen is not None and sixteen.measured and sixteen.k == 0
+    assert sixteen.expected_speedup == pytest.approx(1 / 1.1)
+    assert "0.00 measured, under the draft's parameter share: priced at the share" in sixteen.explain()
+    assert {c.batch_size for c in k_table(snap)} == {1, 16, 24} and k_schedule(snap) == list(K0_SCHEDULE)
+    eagle = k0_hub(Clock(), method="eagle", pass_cost=-0.05).snapshot()
+    assert {c.batch_size for c in k_table(eagle)} == {1}
 
 
 def test_a_k0_range_has_an_interval_and_prices_k_above_0_from_the_requests() -> None:

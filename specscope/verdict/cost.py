@@ -49,9 +49,20 @@ def _spec_step_time(snap: Snapshot, batch: int) -> float | None:
     return snap.window.step_times.at(batch, MIN_STEPS) or snap.lifetime.step_times.at(batch, MIN_STEPS)
 
 
+def weight_share(snap: Snapshot) -> float | None:
+    """The least c a draft model's token can cost: its parameter share, since each draft pass reads all the draft's
+    weights as a plain step reads the target's (sampling, verification and the step's overhead only add); None for
+    other methods or unknown sizes."""
+    sizes = snap.cost_ratio
+    if snap.engine.method != "draft_model" or sizes is None or sizes.draft_params is None:
+        return None
+    return sizes.value
+
+
 def measured_cost(snap: Snapshot, batch_size: int) -> CostRatio | None:
-    """c at ``batch_size`` from live step times against the baseline; None without both, or where a speculative
-    step measures faster than the baseline's plain one."""
+    """c at ``batch_size`` from live step times against the baseline (never under 0); None without both, or where a
+    speculative step measures faster than the baseline's plain one and no :func:`weight_share` bounds c from below.
+    """
     k = snap.engine.k_at(batch_size)
     base = usable_baseline(snap)
     if base is None or not k:
@@ -59,13 +70,14 @@ def measured_cost(snap: Snapshot, batch_size: int) -> CostRatio | None:
     live = steps_at(snap, batch_size)
     context = live.context if live is not None and live.context else None
     t_spec, t_plain = _spec_step_time(snap, batch_size), base.at(batch_size, MIN_STEPS, context)
-    if t_spec is None or not t_plain or t_spec < t_plain:
+    if t_spec is None or not t_plain or (t_spec < t_plain and weight_share(snap) is None):
         # A speculative step verifies K+1 tokens a request: faster than a plain step, it says the baseline is not
-        # comparable now (taken while the machine ran slower, or elsewhere), not that speculation is free.
+        # comparable now (taken while the machine ran slower, or elsewhere), not that speculation is free. A draft
+        # model's c is then priced at its weight share (the estimate's floor), as it is just above the baseline.
         return None
     sizes = snap.cost_ratio
     return CostRatio(
-        (t_spec / t_plain - 1.0) / k,
+        max(0.0, t_spec / t_plain - 1.0) / k,
         f"measured at batch {batch_size}: {1e3 * t_spec:.1f} ms per speculative step, "
         f"{1e3 * t_plain:.1f} ms without speculation{_priced_at(base, batch_size, context)} ({base.source})",
         sizes.target_params if sizes else None,
@@ -78,24 +90,28 @@ def k0_cost(snap: Snapshot, batch_size: int) -> tuple[float, CostRatio] | None:
     pass for a draft model, EAGLE or MTP; for n-gram and suffix lookup, no model, the speculative path alone), and
     c for pricing a K > 0 there: c0 plus verifying one more token a request (:func:`verify_share`). None without a
     usable baseline and steps there, or where a draft model's step measures faster than the baseline's plain one
-    (the baseline is not comparable now)."""
+    (the baseline is not comparable now) and no :func:`weight_share` bounds the pass from below. A draft model's pass
+    is priced at its weight share at least, as a draft token is."""
     base = usable_baseline(snap)
     if base is None or snap.engine.k_at(batch_size) != 0:
         return None
     live = steps_at(snap, batch_size)
     context = live.context if live is not None and live.context else None
     t_step, t_plain = _spec_step_time(snap, batch_size), base.at(batch_size, MIN_STEPS, context)
-    model_free = snap.engine.method in MODEL_FREE_METHODS
-    if t_step is None or not t_plain or (t_step < t_plain and not model_free):
+    model_free, share = snap.engine.method in MODEL_FREE_METHODS, weight_share(snap)
+    if t_step is None or not t_plain or (t_step < t_plain and not model_free and share is None):
         return None
     c0 = max(0.0, t_step / t_plain - 1.0)
+    floor = ""
+    if share is not None and c0 < share:
+        c0, floor = share, f", {c0:.2f} measured, under the draft's parameter share: priced at the share"
     verify = verify_share(base, batch_size, context)
     sizes = snap.cost_ratio
     what = "the speculative path" if model_free else "the draft's pass"
     return c0, CostRatio(
         c0 + (verify or 0.0),
         f"measured at batch {batch_size}, where the schedule runs K=0: {what} {c0:.2f} ({1e3 * t_step:.1f} ms a "
-        f"step, {1e3 * t_plain:.1f} ms without speculation{_priced_at(base, batch_size, context)}) plus "
+        f"step, {1e3 * t_plain:.1f} ms without speculation{_priced_at(base, batch_size, context)}{floor}) plus "
         + (f"{verify:.2f} for verifying one more token a request (the baseline's step times over batch sizes)"
            if verify is not None else "nothing for verification (a baseline of one batch size: a lower bound)")
         + f" ({base.source})",

@@ -15,7 +15,15 @@ from specscope.model import (
 from specscope.sizing import MODEL_FREE_METHODS
 from specscope.verdict import uncertainty
 from specscope.verdict.baseline import usable_baseline
-from specscope.verdict.cost import MIN_STEPS, k0_cost, measured_cost, spec_counts, steps_at, verify_cost
+from specscope.verdict.cost import (
+    MIN_STEPS,
+    k0_cost,
+    measured_cost,
+    spec_counts,
+    steps_at,
+    verify_cost,
+    weight_share,
+)
 
 #: Decode steps a batch size needs to get a row of its own in the by-batch verdict and the K table (batch sizes
 #: an engine passes through briefly, as a batch drains, are too noisy to advise on).
@@ -66,9 +74,9 @@ class SpeedupEstimate:
     interval_basis: str = ""
     #: The distinct requests whose acceptance the interval resampled; 0: drawn over the step times alone.
     interval_requests: int = 0
-    #: Computes the interval at every K (``(low, high)``, read as :attr:`low` and :attr:`high`) when first asked: the
-    #: decisions need the running K's alone, and every K's costs a curve per draw.
-    bands: Callable[[], Bands] | None = field(default=None, compare=False, repr=False)
+    #: The speedup at K = j in each of the interval's draws (the same draws at every K: two Ks are compared draw by
+    #: draw), computed when first asked; read through :attr:`low`, :attr:`high` and :attr:`advised_k`.
+    draws: Callable[[int], tuple[float, ...]] | None = field(default=None, compare=False, repr=False)
 
     @property
     def expected_speedup(self) -> float:
@@ -89,7 +97,14 @@ class SpeedupEstimate:
 
     @functools.cached_property
     def _bands(self) -> Bands:
-        return self.bands() if self.bands is not None else ((), ())
+        """Each K's interval, holding its point; K = 0 is speculation removed (plain speed)."""
+        if self.draws is None:
+            return (), ()
+        ends = [(1.0, 1.0)]
+        for j in range(1, len(self.by_k)):
+            lo, hi = uncertainty.quantiles(self.draws(j))
+            ends.append((min(lo, self.by_k[j]), max(hi, self.by_k[j])))
+        return tuple(lo for lo, _ in ends), tuple(hi for _, hi in ends)
 
     @property
     def low(self) -> tuple[float, ...]:
@@ -103,9 +118,8 @@ class SpeedupEstimate:
 
     @property
     def advised_k(self) -> int:
-        """The K to run: :attr:`best_k`, unless the running K's interval reaches the best speedup (the difference
-        is inside the noise: a restart for nothing). Only an interval over the requests' acceptance says so: a
-        plain step drawn slower or faster moves every K alike."""
+        """The K to run: :attr:`best_k`, unless the running K is at least as fast in more than one draw in twenty
+        of the interval's (:meth:`_advised`): the difference is inside the noise, a restart for nothing."""
         return self._advised(self.by_k)
 
     @property
@@ -131,11 +145,16 @@ class SpeedupEstimate:
         return self.k0_speedup if k == 0 else self.by_k[k]
 
     def _advised(self, curve: tuple[float, ...]) -> int:
+        """``curve``'s best K, or the running K where the best does not beat it in the draws, compared draw by draw
+        (the requests' acceptance and the step times, whose draws move c and so which K is best; speculation
+        removed, or a K = 0 range in a K > 0 estimate, at its point)."""
         best = acc.best_k(curve)[0]
-        if best != self.k and self.interval_requests and self.interval is not None and \
-                self.interval[1] >= curve[best]:
-            return self.k
-        return best
+        if best == self.k or self.draws is None:
+            return best
+        mine = self.draws(self.k)
+        theirs = self.draws(best) if best else (curve[0],) * len(mine)
+        kept = sum(m >= t for m, t in zip(mine, theirs, strict=True))
+        return self.k if kept > (1.0 - uncertainty.COVERAGE) / 2 * len(mine) else best
 
     @property
     def pays(self) -> bool:
@@ -336,7 +355,7 @@ def _estimate(snap: Snapshot, cost: CostRatio | None, batch_size: int | None) ->
 
     by_k = (1.0, *(speedup_at(j, rates, a, tokens, cost.value) for j in range(1, acc.K_MAX + 1)))
     decode_now = tokens / (k * cost.value + 1.0)
-    interval, basis, bands, requests = _interval(snap, batch, k, cost.value, measured is not None,
+    interval, basis, draws, requests = _interval(snap, batch, k, cost.value, measured is not None,
                                                  (rates, a, tokens), speedup_at)
     k0, k0_basis = k0_decode(snap, cost)
     return SpeedupEstimate(
@@ -346,7 +365,7 @@ def _estimate(snap: Snapshot, cost: CostRatio | None, batch_size: int | None) ->
         batch_size=batch if measured is not None or observed is not None else None,
         k0_speedup=acc.end_to_end(k0, decode_now, rho or 0.0, draft_prefill), k0_basis=k0_basis,
         caveat=(LOSSY_CAVEAT if snap.engine.lossy_verification else "") + _slow_baseline(snap, measured),
-        interval=interval, interval_basis=basis, interval_requests=requests, bands=bands,
+        interval=interval, interval_basis=basis, interval_requests=requests, draws=draws,
     )
 
 
@@ -395,7 +414,7 @@ def _k0_estimate(snap: Snapshot, cost: CostRatio | None, batch: int, per_positio
         return acc.end_to_end(decode, now, rho or 0.0, draft_prefill)
 
     point = (rates, a, tokens)
-    interval, basis, bands, requests = _interval(snap, batch, 0, c0, measured is not None, point, speedup_at)
+    interval, basis, draws, requests = _interval(snap, batch, 0, c0, measured is not None, point, speedup_at)
     live = steps_at(snap, batch) is not None
     return SpeedupEstimate(
         alpha=a, k=0, c=c.value, c_basis=_basis(c, measured is not None), c_source=c.source, tokens_per_step=1.0,
@@ -405,7 +424,7 @@ def _k0_estimate(snap: Snapshot, cost: CostRatio | None, batch: int, per_positio
         batch_size=batch if measured is not None or live else None,
         k0_speedup=speedup_at(0, *point, c0), k0_basis=k0_basis,
         caveat=LOSSY_CAVEAT if snap.engine.lossy_verification else "",
-        interval=interval, interval_basis=basis, interval_requests=requests, bands=bands,
+        interval=interval, interval_basis=basis, interval_requests=requests, draws=draws,
     )
 
 
@@ -426,18 +445,15 @@ def _reference(snap: Snapshot) -> tuple[int, float | None]:
 
 
 def _weight_floor(snap: Snapshot, measured: CostRatio | None) -> CostRatio | None:
-    """``measured``, or the draft's parameter share where a draft model's measured c is under it: each draft pass
-    reads all the draft's weights as a plain step reads the target's, so a draft token costs at least that share of
-    a plain step (sampling, verification and the step's overhead only add). A c under it says the baseline was timed
-    while the machine ran slower (:func:`_slow_baseline` says so); priced at it, a same-size draft is not called
-    paying on a slow baseline."""
-    sizes = snap.cost_ratio
-    if measured is None or snap.engine.method != "draft_model" or sizes is None or sizes.draft_params is None \
-            or measured.value >= sizes.value:
+    """``measured``, or :func:`~specscope.verdict.cost.weight_share` where a draft model's measured c is under it. A c
+    under it says the baseline was timed while the machine ran slower (:func:`_slow_baseline` says so); priced at it,
+    a same-size draft is not called paying on a slow baseline."""
+    share = weight_share(snap)
+    if measured is None or share is None or measured.value >= share:
         return measured
-    return replace(measured, value=sizes.value,
+    return replace(measured, value=share,
                    source=f"{measured.source}; {measured.value:.2f} measured, under the draft's parameter share: "
-                          f"priced at the share, {sizes.value:.2f}")
+                          f"priced at the share, {share:.2f}")
 
 
 def _slow_baseline(snap: Snapshot, measured: CostRatio | None) -> str:
@@ -457,8 +473,8 @@ def _slow_baseline(snap: Snapshot, measured: CostRatio | None) -> str:
 def _interval(snap: Snapshot, batch: int | None, k: int, c: float, measured: bool,
               point: tuple[tuple[float, ...], float, float],
               speedup_at: Callable[[int, tuple[float, ...], float, float, float, float], float],
-              ) -> tuple[tuple[float, float] | None, str, Callable[[], Bands] | None, int]:
-    """``(interval at the running K, basis, every K's interval when called, requests resampled)``: ``speedup_at``
+              ) -> tuple[tuple[float, float] | None, str, Callable[[int], tuple[float, ...]] | None, int]:
+    """``(interval at the running K, basis, the speedup at a K in each draw, requests resampled)``: ``speedup_at``
     over the requests' resampled acceptance and, where c is measured, a plain step time drawn from the baseline's
     spread. With too few requests to resample (a window at a large batch size may finish two), a measured c still
     draws its step times, with acceptance as observed over the window's steps: the step times' unsureness is said,
@@ -504,13 +520,9 @@ def _interval(snap: Snapshot, batch: int | None, k: int, c: float, measured: boo
              for d, m, f in zip(accepted, uncertainty.noise(len(accepted), spread),
                                 uncertainty.fixed_shares(len(accepted)), strict=True)]
 
-    def bands() -> Bands:
-        ends = []
-        for j in range(1, acc.K_MAX + 1):
-            lo, hi = uncertainty.quantiles([speedup_at(j, *x) for x in draws])
-            p = speedup_at(j, *point, c, uncertainty.FIXED)
-            ends.append((min(lo, p), max(hi, p)))
-        return (1.0, *(lo for lo, _ in ends)), (1.0, *(hi for _, hi in ends))
+    @functools.cache
+    def at(j: int) -> tuple[float, ...]:
+        return tuple(speedup_at(j, *x) for x in draws)
 
     steps = (f"a {spread:.0%} spread of the step times' ratio (the baseline's rounds, and each step time's drift "
              f"between moments: {each})") if spread else ""
@@ -519,7 +531,7 @@ def _interval(snap: Snapshot, batch: int | None, k: int, c: float, measured: boo
     else:
         basis = f"{uncertainty.COVERAGE:.0%} interval over {steps}" + (
             f"; acceptance as observed (too few requests to resample, {uncertainty.MIN_REQUESTS} needed)" if k else "")
-    return uncertainty.quantiles([speedup_at(k, *x) for x in draws]), basis, bands, resampled
+    return uncertainty.quantiles(at(k)), basis, at, resampled
 
 
 def k0_decode(snap: Snapshot, cost: CostRatio) -> tuple[float, str]:
