@@ -47,7 +47,9 @@ def baseline(plain: Any) -> StepProfile:
     from specscope.measure import measure_step_times, wait_stopped
 
     wait_stopped()  # timed with no engine of test_heads.py still exiting: their exit takes the CPU for seconds
-    return measure_step_times(plain, (1, 8), tokens=64, rounds=1)
+    # The median of three rounds: the module's tests price every speculative step against it, and one round caught
+    # in a slow spell priced deep01's K = 4 at 2.56x at batch 1 in a CI run (1.75-1.95x measured).
+    return measure_step_times(plain, (1, 8), tokens=64, rounds=3)
 
 
 def speculative(tiny: dict[str, Path], family: str, k: int, baseline: StepProfile | None, **kw: Any) -> Any:
@@ -224,7 +226,7 @@ def test_the_recommended_schedule_followed_as_vllm_takes_it_measures_what_was_pr
     takes it, runs at the speedup the K table promised at each batch size; and a K=0 range runs at its priced
     speed, below plain (the draft still runs a pass a step), not at the plain engine's."""
     import specscope
-    from specscope.measure import steady_throughput, wait_stopped
+    from specscope.measure import measure_step_times, steady_throughput, wait_stopped
     from specscope.verdict import estimate, k_table, recommended_config
 
     def steady(llm: Any, b: int) -> float:
@@ -234,6 +236,10 @@ def test_the_recommended_schedule_followed_as_vllm_takes_it_measures_what_was_pr
     try:
         for b in (1, 8):  # long enough for the K table's 20 decode steps at batch 8 on a slow day (~150 ms a step)
             steady_throughput(spec, b, 6.0, PROMPTS, 64)
+        # Priced against the plain step as it runs now, as by a user who calibrates before judging a restart: what
+        # is checked here is the advice followed, not the module's baseline minutes later (against it, in a CI run
+        # on a slow day, deep01 was promised 2.56x at batch 1 and measured 1.75-1.95x; calibrated here, 1.99x, 1.99x).
+        spec.specscope.set_baseline(measure_step_times(plain, (1, 8), tokens=64, rounds=3))
         snap = spec.snapshot()
         table = {c.batch_size: c for c in k_table(snap)}
         config = recommended_config(snap)
