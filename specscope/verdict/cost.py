@@ -59,6 +59,15 @@ def weight_share(snap: Snapshot) -> float | None:
     return sizes.value
 
 
+def at_least_share(snap: Snapshot, value: float) -> tuple[float, str]:
+    """``value`` (a measured c, or a K = 0 range's pass) raised to :func:`weight_share` where it is under it, and what
+    was done, to append to its source ("" where nothing was)."""
+    share = weight_share(snap)
+    if share is None or value >= share:
+        return value, ""
+    return share, f"{value:.2f} measured, under the draft's parameter share: priced at the share, {share:.2f}"
+
+
 def measured_cost(snap: Snapshot, batch_size: int) -> CostRatio | None:
     """c at ``batch_size`` from live step times against the baseline (never under 0); None without both, or where a
     speculative step measures faster than the baseline's plain one and no :func:`weight_share` bounds c from below.
@@ -101,10 +110,8 @@ def k0_cost(snap: Snapshot, batch_size: int) -> tuple[float, CostRatio] | None:
     model_free, share = snap.engine.method in MODEL_FREE_METHODS, weight_share(snap)
     if t_step is None or not t_plain or (t_step < t_plain and not model_free and share is None):
         return None
-    c0 = max(0.0, t_step / t_plain - 1.0)
-    floor = ""
-    if share is not None and c0 < share:
-        c0, floor = share, f", {c0:.2f} measured, under the draft's parameter share: priced at the share"
+    c0, floor = at_least_share(snap, max(0.0, t_step / t_plain - 1.0))
+    floor = f", {floor}" if floor else ""
     verify = verify_share(base, batch_size, context)
     sizes = snap.cost_ratio
     what = "the speculative path" if model_free else "the draft's pass"

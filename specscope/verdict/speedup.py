@@ -17,12 +17,12 @@ from specscope.verdict import uncertainty
 from specscope.verdict.baseline import usable_baseline
 from specscope.verdict.cost import (
     MIN_STEPS,
+    at_least_share,
     k0_cost,
     measured_cost,
     spec_counts,
     steps_at,
     verify_cost,
-    weight_share,
 )
 
 #: Decode steps a batch size needs to get a row of its own in the by-batch verdict and the K table (batch sizes
@@ -445,15 +445,13 @@ def _reference(snap: Snapshot) -> tuple[int, float | None]:
 
 
 def _weight_floor(snap: Snapshot, measured: CostRatio | None) -> CostRatio | None:
-    """``measured``, or :func:`~specscope.verdict.cost.weight_share` where a draft model's measured c is under it. A c
-    under it says the baseline was timed while the machine ran slower (:func:`_slow_baseline` says so); priced at it,
-    a same-size draft is not called paying on a slow baseline."""
-    share = weight_share(snap)
-    if measured is None or share is None or measured.value >= share:
-        return measured
-    return replace(measured, value=share,
-                   source=f"{measured.source}; {measured.value:.2f} measured, under the draft's parameter share: "
-                          f"priced at the share, {share:.2f}")
+    """``measured`` raised to :func:`~specscope.verdict.cost.weight_share` where a draft model's measured c is under
+    it (:func:`~specscope.verdict.cost.at_least_share`). A c under it says the baseline was timed while the machine ran
+    slower (:func:`_slow_baseline` says so); priced at it, a same-size draft is not called paying on a slow baseline."""
+    if measured is None:
+        return None
+    value, floor = at_least_share(snap, measured.value)
+    return replace(measured, value=value, source=f"{measured.source}; {floor}") if floor else measured
 
 
 def _slow_baseline(snap: Snapshot, measured: CostRatio | None) -> str:
