@@ -45,7 +45,6 @@ import argparse
 import gc
 import json
 import os
-import random
 import statistics
 import sys
 from pathlib import Path
@@ -56,6 +55,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from benchmarks._common import RESULTS, write
 from specscope import codec, intervals, tiny_models
+from specscope.evaluate.workload import output_lengths
 from specscope.measure import PromptOrder, measure_step_times, steady_throughput
 from specscope.tiny_models.models import llama_config
 from specscope.verdict.baseline import MAX_ROUNDS
@@ -63,15 +63,14 @@ from specscope.verdict.baseline import MAX_ROUNDS
 KS = (1, 2, 4, 6)
 RUNNING_K = 4
 BATCHES = (1, 4, 16)
-LENGTHS = (48, 144)
 #: The predicting run's seconds at each batch size, and each measuring round's, counted once the batch's first
 #: prompts are prefilled (``steady_throughput(settle=True)``), and each lasting until as many requests as the batch
 #: holds have finished (``min_finished``): on a slow day (2026-11-27, steps 3x slower) 16 retrieval prompts took
 #: all of the 6 s to prefill, and a 4 s round at batch 16 held ~15 steps, few requests finishing (mostly decoding).
 PREDICT_S, WINDOW_S = 6.0, 4.0
 SAMPLE_A, SAMPLE_B = tiny_models.prompts(64, seed=11), tiny_models.prompts(64, seed=12)
-#: Each prompt's output length, per sample.
-TOKENS_A, TOKENS_B = ([random.Random(seed).randint(*LENGTHS) for _ in range(64)] for seed in (11, 12))
+#: Each prompt's output length, per sample: 48-144 tokens.
+TOKENS_A, TOKENS_B = output_lengths(64, 96, seed=11), output_lengths(64, 96, seed=12)
 
 
 def rag(prompts: list[str]) -> list[str]:
@@ -332,7 +331,7 @@ def main() -> None:
     results = json.loads(saved.read_text())["pairs"] if args.update and saved.is_file() else {}
     for name in args.pairs.split(","):
         results[name] = run_pair(name, *available[name], args.rounds, args.results)
-        doc = {"workload": f"greedy, {LENGTHS[0]}-{LENGTHS[1]} output tokens a request (drawn per prompt), batch "
+        doc = {"workload": f"greedy, {min(TOKENS_B)}-{max(TOKENS_B)} output tokens a request (drawn per prompt), batch "
                            f"sizes {BATCHES} held full; predicted from one K={RUNNING_K} run of {PREDICT_S:g} s a "
                            "batch size (counted once its first prompts were prefilled) on sample A (seed 11) "
                            "against a baseline of `specscope calibrate`'s defaults (taken with the speculative engine "

@@ -165,12 +165,15 @@ def _calibrate(args: argparse.Namespace) -> int:
         print("specscope: error: the baseline is the target without speculation; drop speculative_config",
               file=sys.stderr)
         return 2
+    from dataclasses import replace
+
     from specscope.evaluate.workload import InputError, load_prompts, prepare
     from specscope.measure import measure_step_times, stop_engine
     from specscope.wrapper import LLM
 
     try:
-        prompts = load_prompts(args.prompts)[0] if args.prompts else None
+        # Every prompt is calibrated with --tokens output tokens (its own max_tokens, or a drawn one, is not run).
+        prompts = [replace(p, max_tokens=args.tokens) for p in load_prompts(args.prompts)[0]] if args.prompts else None
     except InputError as exc:
         print(f"specscope: error: {exc}", file=sys.stderr)
         return 2

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from typing import Any
 from specscope import intervals
 from specscope.alerts.rules import Thresholds
 from specscope.collectors.scrape import HubSource
+from specscope.evaluate.workload import output_lengths
 from specscope.fleet import Target
 from specscope.hub import Hub
 from specscope.measure import PromptOrder
@@ -53,11 +53,6 @@ SCENARIOS = ("tokenizer check", "baseline (no speculation)", f"good draft (layer
 #: Batch sizes shown: one request at a time, and a batch where, on a 2-core CPU, speculation stops paying.
 BATCHES = (1, 16)
 TOKENS = 96
-#: Each prompt's output length in the good draft's measured rounds, drawn per prompt as served traffic's vary: with
-#: one length for all, the plain engine's batch finishes in lockstep and prefills its replacements together in one
-#: step, while speculation's requests finish apart and each replacement costs a step of its own, which no server's
-#: traffic has (batch 16 measured 1.01-1.06x with it, against 1.11-1.12x predicted).
-LENGTHS = (48, 144)
 #: Seconds of each engine's window in a round of the good draft's measured speedup.
 ROUND_S = 5.0
 #: Prefix caching off, as in the benchmarks and ``specscope evaluate``: the plain engine, warm from the calibration and
@@ -77,7 +72,7 @@ class Demo:
         self.say, self.show = say, show
         self.models = tiny_models.build()
         self.prompts = tiny_models.prompts(64, seed=5)
-        self.lengths = [random.Random(5).randint(*LENGTHS) for _ in self.prompts]
+        self.lengths = output_lengths(len(self.prompts), TOKENS, seed=5)
         self.hubs = {name: Hub(window_s=WINDOW_S) for name in SCENARIOS}
         self.measured: dict[int, float] = {}
 

@@ -7,6 +7,7 @@ import base64
 import html
 import json
 import re
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,7 @@ def test_prepare_tokenizes_applies_the_chat_template_and_skips_what_does_not_fit
     work = workload.prepare(prompts, FakeTokenizer(), max_model_len=20, default_max_tokens=8)
     # Classes interleaved by their share (the unlabelled one first: its first of three sits at 1/6 of the way).
     assert work.prompts == [{"prompt_token_ids": [5, 5, 5, 10]}, {"prompt_token_ids": [1, 1, 1, 1]}]
-    assert work.max_tokens == [4, 8] and work.classes == [None, "x"]
+    assert work.max_tokens[0] == 4 and 4 <= work.max_tokens[1] <= 12 and work.classes == [None, "x"]
     assert work.skipped_long == 2 and work.max_model_len == 20
 
     class NoTemplate(FakeTokenizer):
@@ -81,6 +82,21 @@ def test_prepare_tokenizes_applies_the_chat_template_and_skips_what_does_not_fit
     with pytest.raises(InputError, match="chat template"):
         workload.prepare(prompts[1:2], NoTemplate(), 20, 8)
 
+
+
+def test_prompts_without_their_own_length_get_lengths_drawn_around_the_default() -> None:
+    """A plain batch of one length finishes in lockstep (its replacements prefill together), which served traffic
+    does not: a prompt without ``max_tokens`` gets its own, drawn from half to 1.5 times the default, the same from
+    run to run; one with its own keeps it."""
+    lengths = workload.output_lengths(200, 96, seed=11)
+    assert lengths == workload.output_lengths(200, 96, seed=11) and lengths != workload.output_lengths(200, 96, seed=12)
+    assert min(lengths) >= 48 and max(lengths) <= 144 and len(set(lengths)) > 60
+    assert statistics.mean(lengths) == pytest.approx(96, rel=0.1)
+    assert set(workload.output_lengths(50, 1)) == {1} and set(workload.output_lengths(50, 2)) == {1, 2, 3}
+    prompts = [Prompt(f"p {i}") for i in range(40)] + [Prompt("own", max_tokens=7)]
+    first = workload.prepare(prompts, FakeTokenizer(), max_model_len=500, default_max_tokens=128).max_tokens
+    assert first == workload.prepare(prompts, FakeTokenizer(), 500, 128).max_tokens
+    assert 7 in first and len(set(first)) > 20 and all(64 <= n <= 192 for n in first if n != 7)
 
 def test_a_file_sorted_by_class_is_measured_on_every_class_from_its_first_prompts() -> None:
     """A measurement window takes the prompts from the first: 30 prose lines then 10 retrieval ones must not be
@@ -111,7 +127,8 @@ def test_a_captured_file_is_read_as_it_is_with_its_classes(tmp_path: Path) -> No
                        Prompt(messages=(("system", "s"), ("user", "hi")), traffic_class="chat")]
     work = workload.prepare(prompts, FakeTokenizer(), max_model_len=100, default_max_tokens=8)
     assert {tuple(p["prompt_token_ids"]) for p in work.prompts} >= {(4, 5, 6), (7,)}
-    assert sorted(work.max_tokens) == [2, 3, 8] and set(work.classes) == {"hard", "prompt:<256", "chat"}
+    assert sorted(work.max_tokens)[:2] == [2, 3] and 4 <= max(work.max_tokens) <= 12  # the third's drawn
+    assert set(work.classes) == {"hard", "prompt:<256", "chat"}
     for bad, why in (({"input_ids": [1, 2], "loss_mask": [0, 0]}, "the completion"),
                      ({"input_ids": [1], "loss_mask": [1]}, "no prompt"),
                      ({"conversations": [{"from": "gpt", "value": "x"}]}, "no turn before"),

@@ -57,7 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window-s", type=float, default=10.0,
                         help="seconds each measurement holds its batch full (default 10)")
     parser.add_argument("--max-tokens", type=int, default=128,
-                        help="output tokens of a prompt without max_tokens (default 128)")
+                        help="output tokens of a prompt without max_tokens, on average: each one's drawn from half "
+                        "to 1.5 times it, as served lengths vary (default 128)")
     parser.add_argument("--data-parallel-size", type=int, default=1, metavar="N",
                         help="the server's data_parallel_size the advice is for: above 1 vLLM drops a per-batch-size "
                         "schedule, so the advice is one K (the engines here run one rank; default 1)")

@@ -4,6 +4,7 @@ or ShareGPT JSON) read into :class:`Prompt`, then tokenized with the target's to
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,6 +145,16 @@ def _captured(where: str, d: dict[str, Any]) -> Prompt:
     return Prompt(messages=messages, traffic_class=_class(where, d))
 
 
+def output_lengths(count: int, mean: int, seed: int = 0) -> list[int]:
+    """``count`` output lengths drawn uniformly from half of ``mean`` to 1.5 times it (at least 1), the same for the
+    same ``seed``: each prompt's own, as served traffic's vary. With one length for every request a plain engine's
+    batch finishes in lockstep and prefills its replacements together, while a speculative engine's requests finish
+    apart and prefill one by one: a difference served traffic does not have, which a throughput window then charges
+    to speculation alone."""
+    rng = random.Random(seed)
+    return [rng.randint(max(1, mean - mean // 2), mean + mean // 2) for _ in range(count)]
+
+
 @dataclass(frozen=True)
 class Workload:
     """The prompts as the engines take them: token ids, output lengths and classes, in file order."""
@@ -160,11 +171,13 @@ def prepare(prompts: Sequence[Prompt], tokenizer: Any, max_model_len: int, defau
     """Tokenize ``prompts`` with the target's tokenizer (chat messages through its chat template), leaving out
     those whose prompt and output do not fit in ``max_model_len``. The classes are interleaved (each class's prompts
     in file order, taken in turn in proportion to their counts), so that a measurement window, which takes the
-    prompts from the first, reaches every class however the file is sorted."""
+    prompts from the first, reaches every class however the file is sorted. A prompt without its own
+    ``max_tokens`` gets one drawn around ``default_max_tokens`` (:func:`output_lengths`)."""
     out: list[dict[str, list[int]]] = []
     lengths: list[int] = []
     labels: list[str | None] = []
-    for p in _interleaved(prompts):
+    drawn = output_lengths(len(prompts), default_max_tokens)
+    for p, default in zip(_interleaved(prompts), drawn, strict=True):
         if p.token_ids is not None:
             ids = list(p.token_ids)
         elif p.messages is not None:
@@ -176,7 +189,7 @@ def prepare(prompts: Sequence[Prompt], tokenizer: Any, max_model_len: int, defau
             ids = list(tokenizer.encode(text, add_special_tokens=False))
         else:
             ids = list(tokenizer.encode(p.text))
-        n = p.max_tokens or default_max_tokens
+        n = p.max_tokens or default
         if len(ids) + n > max_model_len:
             continue
         out.append({"prompt_token_ids": ids})
