@@ -7,12 +7,16 @@ On the deep family's f = 0.01 pair (draft model), its EAGLE-3 and EAGLE-1 heads 
 and the same target as a MiMo model with one MTP layer (against itself without speculation), at batch 1, 4 and 16:
 
 - **measured**: output tokens/s of an engine whose schedule is K = 0 at every batch size, against the plain target,
-  the batch held full for a few seconds (``steady_throughput``), the engines run alternately, medians of rounds;
+  the batch held full for a few seconds (``steady_throughput``: output lengths drawn per prompt, prompts walked
+  through, each window settled and running until each place in the batch turned over), the engines run alternately,
+  medians of rounds;
 - **predicted**: specscope's price of a K = 0 range (``SpeedupEstimate.k0_speedup``) from a K = 2 engine's run
   against the plain target's calibration, as an operator running K = 2 would see it in ``specscope top``;
 - the K = 2 engine's own measured speedup beside them (what the schedule gives up by choosing K = 0 there).
 
 Run: python benchmarks/bench_k0.py [--rounds 3] [--methods draft,eagle3,eagle,ngram,mtp]
+     (each method starts two engines beside its target's plain one; more than three methods run as groups of three,
+     one process each: all five at once, 12 engines, finished no round in 20 minutes on the 2-core, 23 GiB machines)
 Results: benchmarks/results/k0.json (a run of some methods keeps the saved cells of the others)
 """
 
@@ -23,6 +27,7 @@ import gc
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,12 +38,14 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from benchmarks._common import RESULTS, write
 from specscope import tiny_models
-from specscope.measure import measure_step_times, steady_throughput
+from specscope.evaluate.workload import output_lengths
+from specscope.measure import PromptOrder, measure_step_times, steady_throughput
 
 BATCHES = (1, 4, 16)
 TOKENS = 96
 WINDOW_S = 5.0
 PROMPTS = tiny_models.prompts(64, seed=31)
+LENGTHS = output_lengths(len(PROMPTS), TOKENS, seed=31)
 ENGINE: dict[str, Any] = {"enforce_eager": True, "dtype": "float32", "max_model_len": 1024, "seed": 0,
                           "enable_prefix_caching": False, "max_num_seqs": 16}
 #: K = 0 at every batch size (vLLM needs num_speculative_tokens > 0 beside it).
@@ -51,6 +58,8 @@ METHODS: dict[str, dict[str, Any]] = {
     "ngram": {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4},
     "mtp": {"method": "mtp"},
 }
+#: Methods measured in one process (each starts two engines beside its target's plain one).
+GROUP = 3
 #: the target each method runs on (its plain engine is the baseline); deep01-target unless named here.
 TARGETS = {"mtp": "deep01-mimo"}
 
@@ -61,6 +70,11 @@ def main() -> None:
     parser.add_argument("--methods", default=",".join(METHODS))
     args = parser.parse_args()
     methods = args.methods.split(",")
+    if len(methods) > GROUP:
+        for i in range(0, len(methods), GROUP):
+            subprocess.run([sys.executable, __file__, "--rounds", str(args.rounds),
+                            "--methods", ",".join(methods[i:i + GROUP])], check=True)
+        return
     from vllm import SamplingParams
 
     import specscope
@@ -85,10 +99,12 @@ def main() -> None:
     ratios: dict[str, dict[int, list[float]]] = {n: {b: [] for b in BATCHES} for n in names if n in _spec(methods)}
     predicted: dict[str, dict[int, list[float]]] = {f"{m} K=2": {b: [] for b in BATCHES} for m in methods}
     costs: dict[str, dict[int, list[float]]] = {n: {b: [] for b in BATCHES} for n in predicted}
+    walk = PromptOrder(len(PROMPTS))
     for r in range(args.rounds):
         for b in BATCHES:
             order = names if r % 2 == 0 else names[::-1]
-            tok_s = {n: steady_throughput(engines[n], b, WINDOW_S, PROMPTS, TOKENS) for n in order}
+            tok_s = {n: steady(engines[n], b, walk) for n in order}
+            walk.next_window()
             for n in ratios:
                 ratios[n][b].append(tok_s[n] / tok_s[plain[n.split()[0]]])
         baselines = {p: measure_step_times(engines[p], BATCHES, tokens=TOKENS, rounds=1) for p in set(plain.values())}
@@ -97,7 +113,7 @@ def main() -> None:
             hub.set_baseline(baselines[plain[n.split()[0]]])
             specscope.instrument(engines[n], hub)
             for b in BATCHES:
-                steady_throughput(engines[n], b, WINDOW_S, PROMPTS, TOKENS)
+                steady(engines[n], b, walk)
             for b in BATCHES:
                 est = estimate(hub.snapshot(), batch_size=b)
                 if est is not None:
@@ -136,6 +152,12 @@ def main() -> None:
         for b, c in by_b.items():
             print(f"{method:5} batch {b:>2}: K=0 in schedule measured {c['k0_measured']:.2f}x "
                   f"(rounds {c['k0_measured_rounds']}), predicted {c['k0_predicted']}; K=2 {c['k2_measured']:.2f}x")
+
+
+def steady(llm: Any, batch: int, walk: PromptOrder) -> float:
+    """Output tokens/s at ``batch`` over one window of the drawn-length traffic (every engine of a round sees the same
+    prompts in the same order)."""
+    return steady_throughput(llm, batch, WINDOW_S, PROMPTS, LENGTHS, order=walk, settle=True, min_finished=batch)
 
 
 def _spec(methods: list[str]) -> set[str]:
