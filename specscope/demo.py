@@ -28,7 +28,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,7 @@ from specscope.collectors.scrape import HubSource
 from specscope.evaluate.workload import output_lengths
 from specscope.fleet import Target
 from specscope.hub import Hub
-from specscope.measure import PromptOrder
+from specscope.measure import PromptOrder, live_baseline
 from specscope.model import EngineInfo, StepProfile
 
 #: Short windows and waits so that every alert can come alive within the demo's few minutes.
@@ -160,7 +159,7 @@ class Demo:
             # The baseline from the plain engine's own steps on the same traffic, alternated with the speculative
             # one's: the same contexts, and the machine as it is now (a CPU shared with other work drifts by 10%
             # in minutes); the calibration's slope prices what the contexts still differ by.
-            llm.specscope.set_baseline(_alternated(baseline, intervals.since(plain.snapshot().lifetime.step_times,
+            llm.specscope.set_baseline(live_baseline(baseline, intervals.since(plain.snapshot().lifetime.step_times,
                                                                             before)))
             est = estimate(llm.snapshot(), batch_size=batch)
             predicted = "n/a" if est is None else (
@@ -212,14 +211,6 @@ class Demo:
         mix += [(h, "hard") for h in rest]
         steady_throughput(llm, 8, 12.0, [p for p, _ in mix], 48, [c for _, c in mix])
         self._close(llm)
-
-
-def _alternated(calibrated: StepProfile, live: StepProfile) -> StepProfile:
-    """The plain engine's live steps (mean and context) with the calibration's context slope and spread."""
-    slopes = {t.batch_size: t for t in calibrated.times}
-    rows = tuple(replace(t, context_slope=c.context_slope, spread=c.spread) if (c := slopes.get(t.batch_size)) else t
-                 for t in live.times if t.steps)
-    return StepProfile(rows, "the plain engine, alternated with this one on the same traffic", calibrated.setup)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -82,6 +82,17 @@ def measure_step_times(llm: Any, batch_sizes: Sequence[int], tokens: int = 64, r
     return StepProfile(tuple(times), f"measured on {snap.engine.model}{more}", snap.engine.setup)
 
 
+def live_baseline(calibrated: StepProfile, live: StepProfile) -> StepProfile:
+    """A baseline from a plain engine's live steps (``live``: their mean and context), run alternately with the
+    speculative engine it prices on the same traffic, so both are timed on the machine as it is at that moment (a
+    CPU shared with other work drifts by 10-30% between moments minutes apart), with ``calibrated``'s context slope
+    and rounds' spread."""
+    slopes = {t.batch_size: t for t in calibrated.times}
+    rows = tuple(replace(t, context_slope=c.context_slope, spread=c.spread) if (c := slopes.get(t.batch_size)) else t
+                 for t in live.times if t.steps)
+    return StepProfile(rows, "the plain engine, alternated with this one on the same traffic", calibrated.setup)
+
+
 def settled(rounds: Sequence[StepProfile], batch_sizes: Collection[int]) -> bool:
     """Whether the median of ``rounds`` is sure enough at every batch size (:data:`SETTLED`); never with one."""
     return len(rounds) > 1 and all(1.25 * t.spread / len(rounds) ** 0.5 <= SETTLED

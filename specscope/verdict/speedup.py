@@ -23,6 +23,7 @@ from specscope.verdict.cost import (
     spec_counts,
     steps_at,
     verify_cost,
+    verify_share,
 )
 
 #: Decode steps a batch size needs to get a row of its own in the by-batch verdict and the K table (batch sizes
@@ -536,18 +537,27 @@ def k0_decode(snap: Snapshot, cost: CostRatio) -> tuple[float, str]:
     """Decode speedup of a K = 0 range in vLLM's schedule, and how it was priced.
 
     vLLM's proposers for draft models, EAGLE and MTP run their first forward pass before they look at K, so that
-    the drafter's KV cache holds every token the target accepted: at K = 0 a step still costs one draft pass. Its
-    cost is taken as c at the smallest batch size measured, where verifying more tokens costs the target least,
-    so c is mostly the draft pass (a draft pass grows with the batch as a target step does; verification grows
-    faster); without a measured c, the estimate's c (an upper bound). n-gram and suffix lookup run no model at
-    K = 0: no cost is modelled (vLLM's speculative path still costs a few percent: ``benchmarks/results/k0.json``).
+    the drafter's KV cache holds every token the target accepted: at K = 0 a step still costs one draft pass. A
+    measured c is that pass plus the target verifying one more token a request; the pass, c0, is c less what
+    verifying a token costs (:func:`~specscope.verdict.cost.verify_share`, the inverse of
+    :func:`~specscope.verdict.cost.k0_cost`, so that a K = 0 range followed prices K > 0 back at the c it was priced
+    from), at least the draft's weight share. It is taken at the smallest batch size measured, where verification
+    is the smallest part of c (a draft pass grows with the batch as a target step does; verification grows faster);
+    without a measured c, the estimate's c (an upper bound). n-gram and suffix lookup run no model at K = 0: no cost
+    is modelled (vLLM's speculative path still costs a few percent: ``benchmarks/results/k0.json``).
     """
     if snap.engine.method in MODEL_FREE_METHODS:
         return 1.0, "n-gram and suffix lookup run no model at K=0"
+    base = usable_baseline(snap)
     for t in snap.lifetime.step_times.times:
-        if t.steps >= MIN_STEPS and (smallest := _weight_floor(snap, measured_cost(snap, t.batch_size))) is not None:
-            return 1.0 / (1.0 + smallest.value), (f"the draft still runs a pass a step: c {smallest.value:.2f} "
-                                                  f"measured at batch {t.batch_size}")
+        if t.steps < MIN_STEPS or base is None or (c := measured_cost(snap, t.batch_size)) is None:
+            continue
+        live = steps_at(snap, t.batch_size)
+        verify = verify_share(base, t.batch_size, live.context if live is not None and live.context else None)
+        c0, floor = at_least_share(snap, max(0.0, c.value - (verify or 0.0)))
+        less = f" less {verify:.2f} for verifying the token" if verify else ""
+        return 1.0 / (1.0 + c0), (f"the draft still runs a pass a step: {c0:.2f}, c {c.value:.2f} measured at batch "
+                                  f"{t.batch_size}{less}" + (f" ({floor})" if floor else ""))
     return 1.0 / (1.0 + cost.value), f"the draft still runs a pass a step: at most c {cost.value:.2f}"
 
 
