@@ -125,6 +125,7 @@ def main() -> None:
     earlier: dict[str, Any] = json.loads(saved.read_text()) if saved.exists() else {}
     cells: dict[str, Any] = earlier.get("cells", {})
     rounds: dict[str, int] = earlier.get("rounds_by_method", dict.fromkeys(cells, earlier.get("rounds", 0)))
+    seconds: dict[str, int] = earlier.get("seconds_by_group", {})  # each group's own run, engines started and all
     for method in methods:
         cells[method] = {b: {
             "k0_measured": round(statistics.median(ratios[f"{method} K=0"][b]), 3),
@@ -135,6 +136,7 @@ def main() -> None:
             "c_at_k2": round(statistics.median(costs[f"{method} K=2"][b]), 3) if costs[f"{method} K=2"][b] else None,
         } for b in BATCHES}
         rounds[method] = args.rounds
+    seconds[",".join(methods)] = round(time.monotonic() - t0)
     errors: list[float] = [c["k0_predicted"] / c["k0_measured"] - 1 for m in cells.values() for c in m.values()
               if c["k0_predicted"] is not None]
     result = {"pair": "deep01-target with deep01-draft (draft_model), deep01-eagle3 (eagle3), deep01-eagle (eagle) "
@@ -143,7 +145,7 @@ def main() -> None:
               "rounds_by_method": rounds, "window_s": WINDOW_S, "cells": cells,
               "worst_prediction_error": round(worst, 3) if (worst := max(errors, key=abs, default=None)) is not None
               else None,
-              "seconds": round(time.monotonic() - t0)}
+              "seconds_by_group": seconds}
     for llm in engines.values():
         llm.llm_engine.engine_core.shutdown()
     gc.collect()
