@@ -334,8 +334,8 @@ def test_k_table_and_a_ready_to_paste_schedule(tmp_path: Path) -> None:
     c0 = c1.value - 20.4 / 126 / 3.6
     basis = estimate(snap, batch_size=16).k0_basis  # type: ignore[union-attr]
     # (The prefill beside the decode steps moves the end-to-end speed by a few thousandths.)
-    assert table[16].k0_speedup == pytest.approx(1 / (1 + c0), abs=0.002) and f"{c0:.2f}, c {c1.value:.2f} measured at batch 1 " \
-        "less 0.04 for verifying the token" in basis, basis
+    assert table[16].k0_speedup == pytest.approx(1 / (1 + c0), abs=0.002)
+    assert f"{c0:.2f}, c {c1.value:.2f} measured at batch 1 less 0.04 for verifying the token" in basis, basis
     assert table[16].k == 3 and table[16].k0_speedup < table[16].speedup < 1
     assert estimate(snap, batch_size=16).best_k == 0  # type: ignore[union-attr]
     assert k_schedule(snap) == [(1, 16, 3)] and recommended_config(snap) == {"num_speculative_tokens": 3}
