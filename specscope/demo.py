@@ -160,7 +160,7 @@ class Demo:
             # one's: the same contexts, and the machine as it is now (a CPU shared with other work drifts by 10%
             # in minutes); the calibration's slope prices what the contexts still differ by.
             llm.specscope.set_baseline(live_baseline(baseline, intervals.since(plain.snapshot().lifetime.step_times,
-                                                                            before)))
+                                                                               before)))
             est = estimate(llm.snapshot(), batch_size=batch)
             predicted = "n/a" if est is None else (
                 f"{est.expected_speedup:.2f}x" + (f" ({est.interval[0]:.2f}-{est.interval[1]:.2f}x)"

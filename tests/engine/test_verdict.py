@@ -230,8 +230,8 @@ def test_the_recommended_schedule_followed_as_vllm_takes_it_measures_what_was_pr
     from specscope.measure import live_baseline, measure_step_times, steady_throughput, wait_stopped
     from specscope.verdict import estimate, k_table, recommended_config
 
-    def steady(llm: Any, b: int, seconds: float = 3.0) -> float:
-        return steady_throughput(llm, b, seconds, PROMPTS, 64)
+    def steady(llm: Any, b: int) -> float:
+        return steady_throughput(llm, b, 3.0, PROMPTS, 64)
 
     spec = shared.get("deep01")
     try:
@@ -244,7 +244,7 @@ def test_the_recommended_schedule_followed_as_vllm_takes_it_measures_what_was_pr
         for r in range(2):  # long enough for the K table's 20 decode steps at batch 8 on a slow day (~150 ms a step)
             for b in (1, 8):
                 for llm in ((spec, plain) if r % 2 == 0 else (plain, spec)):
-                    steady(llm, b, 3.0)
+                    steady(llm, b)
         spec.specscope.set_baseline(live_baseline(calibrated, intervals.since(plain.snapshot().lifetime.step_times,
                                                                               before)))
         snap = spec.snapshot()
