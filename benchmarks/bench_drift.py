@@ -17,6 +17,7 @@ Results: benchmarks/results/drift.json
 from __future__ import annotations
 
 import argparse
+import bisect
 import os
 import statistics
 import sys
@@ -59,9 +60,11 @@ def main() -> None:
             windows.append((now, row.mean_s))
     llm.llm_engine.engine_core.shutdown()
 
+    starts = [s for s, _ in windows]
+
     def at(t: float) -> int:
         """The index of the first window starting at or after ``t`` (len(windows) if none)."""
-        return next((i for i, (s, _) in enumerate(windows) if s >= t), len(windows))
+        return bisect.bisect_left(starts, t)
 
     def served(t: float) -> float | None:
         xs = [x for s, x in windows if t <= s < t + SERVED_S]

@@ -42,6 +42,13 @@ def steps_at(snap: Snapshot, batch: int) -> StepTime | None:
     return snap.window.step_times.get(batch, MIN_STEPS) or snap.lifetime.step_times.get(batch, MIN_STEPS)
 
 
+def live_context(snap: Snapshot, batch: int) -> float | None:
+    """Tokens a request attended over in this engine's decode steps at ``batch`` (:func:`steps_at`); None where not
+    recorded."""
+    live = steps_at(snap, batch)
+    return live.context if live is not None and live.context else None
+
+
 def _spec_step_time(snap: Snapshot, batch: int) -> float | None:
     st = steps_at(snap, batch)
     if st is not None:
@@ -76,8 +83,7 @@ def measured_cost(snap: Snapshot, batch_size: int) -> CostRatio | None:
     base = usable_baseline(snap)
     if base is None or not k:
         return None
-    live = steps_at(snap, batch_size)
-    context = live.context if live is not None and live.context else None
+    context = live_context(snap, batch_size)
     t_spec, t_plain = _spec_step_time(snap, batch_size), base.at(batch_size, MIN_STEPS, context)
     if t_spec is None or not t_plain or (t_spec < t_plain and weight_share(snap) is None):
         # A speculative step verifies K+1 tokens a request: faster than a plain step, it says the baseline is not
@@ -104,8 +110,7 @@ def k0_cost(snap: Snapshot, batch_size: int) -> tuple[float, CostRatio] | None:
     base = usable_baseline(snap)
     if base is None or snap.engine.k_at(batch_size) != 0:
         return None
-    live = steps_at(snap, batch_size)
-    context = live.context if live is not None and live.context else None
+    context = live_context(snap, batch_size)
     t_step, t_plain = _spec_step_time(snap, batch_size), base.at(batch_size, MIN_STEPS, context)
     model_free, share = snap.engine.method in MODEL_FREE_METHODS, weight_share(snap)
     if t_step is None or not t_plain or (t_step < t_plain and not model_free and share is None):

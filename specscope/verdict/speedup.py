@@ -19,6 +19,7 @@ from specscope.verdict.cost import (
     MIN_STEPS,
     at_least_share,
     k0_cost,
+    live_context,
     measured_cost,
     spec_counts,
     steps_at,
@@ -552,8 +553,7 @@ def k0_decode(snap: Snapshot, cost: CostRatio) -> tuple[float, str]:
     for t in snap.lifetime.step_times.times:
         if t.steps < MIN_STEPS or base is None or (c := measured_cost(snap, t.batch_size)) is None:
             continue
-        live = steps_at(snap, t.batch_size)
-        verify = verify_share(base, t.batch_size, live.context if live is not None and live.context else None)
+        verify = verify_share(base, t.batch_size, live_context(snap, t.batch_size))
         c0, floor = at_least_share(snap, max(0.0, c.value - (verify or 0.0)))
         less = f" less {verify:.2f} for verifying the token" if verify else ""
         return 1.0 / (1.0 + c0), (f"the draft still runs a pass a step: {c0:.2f}, c {c.value:.2f} measured at batch "
