@@ -28,7 +28,11 @@ has.
 Per cell (K × batch size): the error of the prediction, whether the measured speedup falls inside the stated
 interval, whether the pays / does-not-pay call is right where the measured speedup is outside 0.95-1.05, and
 whether a "not paying" call (the interval's top under 1.0, what the alert fires on) was made on a K that measured
-above 1.05. Pairs: the tiny family's target with its 2%-noise draft (1.1M parameters, a same-size draft: speculation
+above 1.05, and the error had the baseline priced exactly the plain step served (``error_as_served``: what a perfect
+anchor to the machine's speed at serving time would leave). The summary adds how much the measurement itself allows:
+the rounds' spread and the share of cells a prediction equal to the true speedup would meet within 10%.
+
+Pairs: the tiny family's target with its 2%-noise draft (1.1M parameters, a same-size draft: speculation
 loses), the deep01 target with its layer-0 draft (40.6M) on short prompts and on long retrieval-style ones (twelve
 passages, ~400 tokens: a context the calibration's short prompts do not have), and a wide target built here (12
 layers of width 1024, 158M parameters) with its layer-0 draft.
@@ -45,8 +49,10 @@ import argparse
 import gc
 import json
 import os
+import random
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -182,7 +188,7 @@ def run_pair(name: str, target: Path, draft: Path, length: int, samples: tuple[l
     shutdown(plain)
     cells = [{"k": k, "batch": b, "measured": round(measured[k][b], 3),
               "rounds": [round(x, 3) for x in rounds_seen[(k, b)]]} for k in KS for b in BATCHES]
-    return {"cells": judge(cells, estimates), **_estimated(estimates),
+    result = {"cells": judge(cells, estimates), **_estimated(estimates),
             "baseline": [{"batch": t.batch_size, "ms": round(1e3 * t.mean_s, 2), "context": round(t.context, 1),
                           "us_per_context_token": round(1e6 * t.context_slope, 2), "spread": round(t.spread, 3)}
                          for t in baseline.times],
@@ -196,6 +202,8 @@ def run_pair(name: str, target: Path, draft: Path, length: int, samples: tuple[l
             "tokens_per_step": {"sample_a": predicting_tokens, "sample_b": measuring_tokens},
             # ... and the running K's own decode steps in both: the prediction takes sample A's.
             "spec_step_ms": {"sample_a": predicting_ms, "sample_b": measuring_ms}}
+    as_served(snap, result)
+    return result
 
 
 def _estimated(estimates: dict[int, Any]) -> dict[str, dict[int, Any]]:
@@ -203,6 +211,26 @@ def _estimated(estimates: dict[int, Any]) -> dict[str, dict[int, Any]]:
     return {key: {b: None if e is None else value(e) for b, e in estimates.items()}
             for key, value in (("c", lambda e: round(e.c, 3)), ("c_basis", lambda e: e.c_basis),
                                ("interval_basis", lambda e: e.interval_basis))}
+
+
+def as_served(snap: Any, pair: dict[str, Any]) -> None:
+    """Each cell's error had the baseline priced, at each batch size, exactly the plain step the plain engine served
+    sample B with (``plain_serving_ms``): what a perfect anchor of the baseline to the machine's speed at serving
+    time would leave of the error (``error_as_served``)."""
+    from specscope.verdict import estimate
+
+    served, priced = pair.get("plain_serving_ms", {}), pair.get("plain_priced_ms", {})
+    for b in BATCHES:
+        s, p = served.get(b, served.get(str(b))), priced.get(b, priced.get(str(b)))
+        if not s or not p or snap.baseline is None:
+            continue
+        f = s / p
+        base = replace(snap.baseline, times=tuple(replace(t, mean_s=f * t.mean_s, context_slope=f * t.context_slope)
+                                                  for t in snap.baseline.times))
+        est = estimate(replace(snap, baseline=base), batch_size=b)
+        for cell in pair["cells"]:
+            if cell["batch"] == b and est is not None:
+                cell["error_as_served"] = round(est.by_k[cell["k"]] / cell["measured"] - 1.0, 3)
 
 
 def judge(cells: list[dict[str, Any]], estimates: dict[int, Any]) -> list[dict[str, Any]]:
@@ -247,6 +275,7 @@ def replay(stem: str) -> dict[str, Any]:
         if snap.baseline is not None:
             pair["plain_priced_ms"] = _priced(snap.baseline, {int(b): context for b, context
                                                               in pair["plain_serving_context"].items()})
+        as_served(snap, pair)
     doc["summary"] = summarize(doc["pairs"])
     return doc
 
@@ -283,7 +312,22 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
             "calls_right": sum(c["call_right"] for c in calls), "calls": len(calls),
             "wrong_not_paying": sum(c["wrong_not_paying"] for c in cells),
             # Cells whose own measurement is no finer than the 10% goal: their rounds span more than 10%.
-            "measured_rounds_over_10pct": sum(c["rounds_spread"] > 0.10 for c in cells)}
+            "measured_rounds_over_10pct": sum(c["rounds_spread"] > 0.10 for c in cells),
+            "within_10pct_as_served": sum(abs(c["error_as_served"]) <= 0.10 for c in cells if "error_as_served" in c),
+            **measurement_ceiling([c["rounds"] for c in cells])}
+
+
+def measurement_ceiling(rounds: list[list[float]], draws: int = 20000) -> dict[str, float]:
+    """How far the measurement alone lets a prediction meet the 10% goal: the rounds' relative standard deviation
+    pooled over the cells (each cell's rounds about their mean), and the share of cells in which a prediction equal
+    to the true speedup would come within 10% of the median of that many rounds drawn with that spread."""
+    spreads = [statistics.stdev(r) / statistics.mean(r) for r in rounds if len(r) > 1]
+    if not spreads:
+        return {}
+    sd, n, rng = (sum(s * s for s in spreads) / len(spreads)) ** 0.5, max(len(r) for r in rounds), random.Random(0)
+    hits = sum(abs(1.0 / statistics.median(1.0 + rng.gauss(0.0, sd) for _ in range(n)) - 1.0) <= 0.10
+               for _ in range(draws))
+    return {"round_sd": round(sd, 3), "exact_prediction_within_10pct": round(hits / draws, 3)}
 
 
 def table(results: dict[str, Any]) -> str:
