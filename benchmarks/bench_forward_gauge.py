@@ -37,6 +37,7 @@ os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the model runner in this p
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from benchmarks._common import write
+from specscope.verdict.cost import least_squares_line
 
 ENGINE: dict[str, Any] = {"enforce_eager": True, "dtype": "float32", "max_model_len": 1024, "seed": 0,
                           "enable_prefix_caching": False}
@@ -64,15 +65,6 @@ def time_forwards() -> None:
     gpu_model_runner.GPUModelRunner._model_forward = timed  # type: ignore[method-assign]
 
 
-def line(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """Least-squares intercept and slope."""
-    n = len(points)
-    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    slope = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else 0.0
-    return my - slope * mx, slope
-
-
 def window(llm: Any, b: int, per_request: int, prompts: list[str], lengths: list[int], order: Any) -> dict[str, Any]:
     """One window of ``llm`` at batch ``b``: its mean decode step and forward, and its forwards' line."""
     from specscope import intervals
@@ -85,7 +77,7 @@ def window(llm: Any, b: int, per_request: int, prompts: list[str], lengths: list
     runner = statistics.mode(r for r, _, _ in mine)
     forwards = [(n, s) for r, n, s in mine if r == runner]
     decode = [s for n, s in forwards if n == b * per_request]
-    intercept, slope = line([(float(n), s) for n, s in forwards])
+    intercept, slope = least_squares_line([(float(n), s) for n, s in forwards])
     return {"step_ms": 1e3 * steps.mean_s, "steps": steps.steps, "forward_ms": 1e3 * statistics.mean(decode),
             "context": round(steps.context, 1), "line_ms": (1e3 * intercept, 1e3 * slope),
             "forward_tokens": sorted({n for n, _ in forwards})}

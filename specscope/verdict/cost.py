@@ -141,11 +141,11 @@ def verify_share(base: StepProfile, batch_size: int, context: float | None = Non
     t_b = base.at(batch_size, MIN_STEPS, context)
     if len(points) < 2 or not t_b:
         return None
-    _, beta = _line(points)
+    _, beta = least_squares_line(points)
     return max(0.0, beta) * batch_size / t_b
 
 
-def _line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+def least_squares_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
     """The least-squares line through ``points`` (x, y): (intercept, slope); slope 0 where every x is the same."""
     n = len(points)
     mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
@@ -184,7 +184,7 @@ def verify_cost(snap: Snapshot, batch_size: int) -> CostRatio:
     per_request = 1.0 + (spec.draft_tokens / request_steps if spec is not None and request_steps else k)
     if len(times) >= 2:
         n = len(times)
-        t0, beta = _line([(t.batch_size * per_request, t.mean_s) for t in times])
+        t0, beta = least_squares_line([(t.batch_size * per_request, t.mean_s) for t in times])
         if beta > 0 and t0 > 0:
             c = beta * batch_size / (t0 + beta * batch_size)
             return CostRatio(c, f"verify model: live step times fitted over {n} batch sizes "
