@@ -28,8 +28,8 @@ has.
 Per cell (K × batch size): the error of the prediction, whether the measured speedup falls inside the stated
 interval, whether the pays / does-not-pay call is right where the measured speedup is outside 0.95-1.05, and
 whether a "not paying" call (the interval's top under 1.0, what the alert fires on) was made on a K that measured
-above 1.05, and the error had the baseline priced exactly the plain step served (``error_as_served``: what a perfect
-anchor to the machine's speed at serving time would leave). The summary adds how much the measurement itself allows:
+above 1.05, and the error had the baseline been anchored to the machine's speed (:func:`anchored`: as served, and at
+the predicting window's moment). The summary adds how much the measurement itself allows:
 the rounds' spread and the share of cells a prediction equal to the true speedup would meet within 10%.
 
 Pairs: the tiny family's target with its 2%-noise draft (1.1M parameters, a same-size draft: speculation
@@ -55,6 +55,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -202,7 +203,7 @@ def run_pair(name: str, target: Path, draft: Path, length: int, samples: tuple[l
             "tokens_per_step": {"sample_a": predicting_tokens, "sample_b": measuring_tokens},
             # ... and the running K's own decode steps in both: the prediction takes sample A's.
             "spec_step_ms": {"sample_a": predicting_ms, "sample_b": measuring_ms}}
-    as_served(snap, result)
+    anchored(snap, result)
     return result
 
 
@@ -213,24 +214,35 @@ def _estimated(estimates: dict[int, Any]) -> dict[str, dict[int, Any]]:
                                ("interval_basis", lambda e: e.interval_basis))}
 
 
-def as_served(snap: Any, pair: dict[str, Any]) -> None:
-    """Each cell's error had the baseline priced, at each batch size, exactly the plain step the plain engine served
-    sample B with (``plain_serving_ms``): what a perfect anchor of the baseline to the machine's speed at serving
-    time would leave of the error (``error_as_served``)."""
-    from specscope.verdict import estimate
+def anchored(snap: Any, pair: dict[str, Any]) -> None:
+    """Each cell's error had the baseline been anchored to the machine's speed, two ways, at each batch size:
+
+    - ``error_as_served``: priced exactly the plain step the plain engine served sample B with (``plain_serving_ms``),
+      which fixes the calibration's moment;
+    - ``error_at_moment``: that step scaled by the predicting run's speculative step over the same engine's on sample
+      B (``spec_step_ms``), the plain step at the predicting window's own moment, which a gauge timed in the priced
+      steps would give; without the draft's parameter share as c's floor (a guard against a slow baseline, which an
+      anchored one is not)."""
+    from specscope.verdict import cost, estimate
 
     served, priced = pair.get("plain_serving_ms", {}), pair.get("plain_priced_ms", {})
+    spec = pair.get("spec_step_ms") or {}
     for b in BATCHES:
         s, p = served.get(b, served.get(str(b))), priced.get(b, priced.get(str(b)))
+        a, m = (spec.get(name, {}).get(b, spec.get(name, {}).get(str(b))) for name in ("sample_a", "sample_b"))
         if not s or not p or snap.baseline is None:
             continue
-        f = s / p
-        base = replace(snap.baseline, times=tuple(replace(t, mean_s=f * t.mean_s, context_slope=f * t.context_slope)
-                                                  for t in snap.baseline.times))
-        est = estimate(replace(snap, baseline=base), batch_size=b)
-        for cell in pair["cells"]:
-            if cell["batch"] == b and est is not None:
-                cell["error_as_served"] = round(est.by_k[cell["k"]] / cell["measured"] - 1.0, 3)
+        for key, f, floor in (("error_as_served", s / p, cost.weight_share),
+                              ("error_at_moment", s / p * a / m if a and m else None, lambda _: None)):
+            if f is None:
+                continue
+            base = replace(snap.baseline, times=tuple(replace(t, mean_s=f * t.mean_s, context_slope=f * t.context_slope)
+                                                      for t in snap.baseline.times))
+            with mock.patch.object(cost, "weight_share", floor):
+                est = estimate(replace(snap, baseline=base), batch_size=b)
+            for cell in pair["cells"]:
+                if cell["batch"] == b and est is not None:
+                    cell[key] = round(est.by_k[cell["k"]] / cell["measured"] - 1.0, 3)
 
 
 def judge(cells: list[dict[str, Any]], estimates: dict[int, Any]) -> list[dict[str, Any]]:
@@ -275,7 +287,7 @@ def replay(stem: str) -> dict[str, Any]:
         if snap.baseline is not None:
             pair["plain_priced_ms"] = _priced(snap.baseline, {int(b): context for b, context
                                                               in pair["plain_serving_context"].items()})
-        as_served(snap, pair)
+        anchored(snap, pair)
     doc["summary"] = summarize(doc["pairs"])
     return doc
 
@@ -313,7 +325,8 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
             "wrong_not_paying": sum(c["wrong_not_paying"] for c in cells),
             # Cells whose own measurement is no finer than the 10% goal: their rounds span more than 10%.
             "measured_rounds_over_10pct": sum(c["rounds_spread"] > 0.10 for c in cells),
-            "within_10pct_as_served": sum(abs(c["error_as_served"]) <= 0.10 for c in cells if "error_as_served" in c),
+            **{f"within_10pct_{key[6:]}": sum(abs(c[key]) <= 0.10 for c in cells if key in c)
+               for key in ("error_as_served", "error_at_moment")},
             **measurement_ceiling([c["rounds"] for c in cells])}
 
 
