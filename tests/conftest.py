@@ -140,14 +140,28 @@ def greedy(max_tokens: int = 48) -> Any:
 
 
 def vllm_counters(llm: Any) -> dict[str, Any]:
-    """vLLM's own spec-decode and token counters, read from its in-process Prometheus registry."""
+    """vLLM's own counters and gauges of ``llm``'s engine (names without ``vllm:``; accepted tokens per position a
+    list), read from its Prometheus stat logger's metrics: the process's registry, which ``llm.get_metrics()``
+    reads, holds only the last-started engine's (each new logger unregisters the others'), so with two engines
+    started together it may hold the other one's."""
+    from vllm.v1.metrics.loggers import PrometheusStatLogger
+
+    def samples(v: Any) -> list[tuple[str, float]]:
+        if hasattr(v, "_name") and hasattr(v, "_value"):  # a labelled child: one engine's counter or gauge
+            return [(v._name, v._value.get())]
+        return [x for w in v.values() for x in samples(w)] if isinstance(v, dict) else []
+
+    prom = next(s for s in llm.llm_engine.logger_manager.stat_loggers if isinstance(s, PrometheusStatLogger))
     out: dict[str, Any] = {}
-    for m in llm.get_metrics():
-        name = m.name.removeprefix("vllm:")
-        if hasattr(m, "values"):
-            out[name] = list(m.values)
-        elif hasattr(m, "value"):
-            out[name] = out.get(name, 0) + m.value
+    for holder in (prom, prom.spec_decoding_prom):
+        for v in vars(holder).values():
+            rows = list(v.values()) if isinstance(v, dict) else []
+            if rows and all(isinstance(w, list) and w and hasattr(w[0], "_value") for w in rows):  # by position
+                out[rows[0][0]._name.removeprefix("vllm:")] = [
+                    int(sum(c._value.get() for c in cs)) for cs in zip(*rows, strict=True)]
+                continue
+            for name, x in samples(v):
+                out[name.removeprefix("vllm:")] = out.get(name.removeprefix("vllm:"), 0) + x
     return out
 
 
