@@ -148,12 +148,11 @@ class Demo:
         before = plain.snapshot().lifetime.step_times
         for batch in BATCHES:
             self.say(f"3/5 good draft at batch {batch}: running it with and without speculation")
-            ratios, order = [], PromptOrder(len(self.prompts))
+            order = PromptOrder(len(self.prompts))
             rates: dict[str, list[float]] = {"spec": [], "plain": []}
             for r in range(3):  # three rounds of equal length, which goes first alternating: the machine drifts
                 pair = ((llm, "spec"), (plain, "plain")) if r % 2 == 0 else ((plain, "plain"), (llm, "spec"))
                 tok_s = {role: self._tok_s(engine, batch, ROUND_S, order) for engine, role in pair}
-                ratios.append(tok_s["spec"] / tok_s["plain"])
                 for role, rate in tok_s.items():
                     rates[role].append(rate)
                 order.next_window()  # both engines of a round run the same prompts; the next round, the next ones
@@ -161,6 +160,7 @@ class Demo:
             # median of the rounds' ratios dropped a round caught in a slow spell that those steps keep: 2.06x
             # measured against 1.84x predicted, rounds 2.06x, 1.57x, 2.08x).
             self.measured[batch] = statistics.mean(rates["spec"]) / statistics.mean(rates["plain"])
+            ratios = [s / p for s, p in zip(rates["spec"], rates["plain"], strict=True)]
             # The baseline from the plain engine's own steps on the same traffic, alternated with the speculative
             # one's: the same contexts, and the machine as it is now (a CPU shared with other work drifts by 10%
             # in minutes); the calibration's slope prices what the contexts still differ by.

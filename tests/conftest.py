@@ -148,7 +148,7 @@ def vllm_counters(llm: Any) -> dict[str, Any]:
 
     def samples(v: Any) -> list[tuple[str, float]]:
         if hasattr(v, "_name") and hasattr(v, "_value"):  # a labelled child: one engine's counter or gauge
-            return [(v._name, v._value.get())]
+            return [(v._name.removeprefix("vllm:"), v._value.get())]
         return [x for w in v.values() for x in samples(w)] if isinstance(v, dict) else []
 
     prom = next(s for s in llm.llm_engine.logger_manager.stat_loggers if isinstance(s, PrometheusStatLogger))
@@ -161,7 +161,7 @@ def vllm_counters(llm: Any) -> dict[str, Any]:
                     int(sum(c._value.get() for c in cs)) for cs in zip(*rows, strict=True)]
                 continue
             for name, x in samples(v):
-                out[name.removeprefix("vllm:")] = out.get(name.removeprefix("vllm:"), 0) + x
+                out[name] = out.get(name, 0) + x
     return out
 
 
