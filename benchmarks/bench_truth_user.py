@@ -202,9 +202,26 @@ def run_pair(name: str, target: Path, draft: Path, length: int, samples: tuple[l
             "plain_serving_context": {b: round(t.context, 1) for b in BATCHES if (t := serving.get(b)) is not None},
             "tokens_per_step": {"sample_a": predicting_tokens, "sample_b": measuring_tokens},
             # ... and the running K's own decode steps in both: the prediction takes sample A's.
-            "spec_step_ms": {"sample_a": predicting_ms, "sample_b": measuring_ms}}
+            "spec_step_ms": {"sample_a": predicting_ms, "sample_b": measuring_ms},
+            **_verdict_plain(snap)}
     anchored(snap, result)
     return result
+
+
+def _verdict_plain(snap: Any) -> dict[str, Any]:
+    """The plain step the verdict priced at each batch size (``plain_verdict_ms``; with the baseline's forward
+    anchored to the predicting run's where it could be, ``anchored``) and the target's forward in ms at the tokens
+    it ran, in the predicting run and in the baseline (``forward``)."""
+    from specscope.verdict.cost import plain_step
+
+    if snap.baseline is None:
+        return {}
+    priced = {b: plain_step(snap, snap.baseline, b) for b in BATCHES}
+    forward = {name: {t.batch_size: [round(1e3 * t.forward_s, 2), round(t.forward_tokens, 1)]
+                      for t in profile.times if t.forwards and t.batch_size in BATCHES}
+               for name, profile in (("predicting", snap.lifetime.step_times), ("baseline", snap.baseline))}
+    return {"plain_verdict_ms": {b: round(1e3 * t, 2) for b, (t, _, _) in priced.items() if t},
+            "anchored": {b: anchored for b, (_, _, anchored) in priced.items()}, "forward": forward}
 
 
 def _estimated(estimates: dict[int, Any]) -> dict[str, dict[int, Any]]:

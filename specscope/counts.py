@@ -136,7 +136,8 @@ Timing = tuple[int, float, bool]
 #: The columns of a batch size's row in :attr:`Counts.batches`: decode steps, their seconds and tokens; steps carrying
 #: prefill, their seconds and tokens, and the first tokens in them (requests whose prefill ended); the decode steps'
 #: context per request, summed over them (0 for a step whose context is unknown).
-DECODE_STEPS, DECODE_S, DECODE_TOKENS, PREFILL_STEPS, PREFILL_S, PREFILL_TOKENS, FIRST_TOKENS, DECODE_CONTEXT = range(8)
+(DECODE_STEPS, DECODE_S, DECODE_TOKENS, PREFILL_STEPS, PREFILL_S, PREFILL_TOKENS, FIRST_TOKENS, DECODE_CONTEXT,
+ FORWARDS, FORWARD_S, FORWARD_TOKENS) = range(11)
 
 
 class StepTimer:
@@ -186,7 +187,7 @@ class Counts:
         self.scalars = [0] * len(SCALARS)
         self.per_pos: list[int] = []
         self.dt_per_pos: list[int] = []
-        #: batch size -> its row, columns ``DECODE_STEPS`` .. ``FIRST_TOKENS`` (a list added to in place)
+        #: batch size -> its row, columns ``DECODE_STEPS`` .. ``FORWARD_TOKENS`` (a list added to in place)
         self.batches: dict[int, list[float]] = {}
 
     def clear(self) -> None:
@@ -214,7 +215,7 @@ class Counts:
             if row is None:
                 if len(batches) >= MAX_BATCH_SIZES:
                     continue
-                row = batches[batch] = [0, 0.0, 0, 0, 0.0, 0, 0, 0.0]
+                row = batches[batch] = _new_row()
             if decode:
                 row[DECODE_STEPS] += 1
                 row[DECODE_S] += seconds
@@ -225,6 +226,20 @@ class Counts:
                 row[PREFILL_S] += seconds
                 row[PREFILL_TOKENS] += generated
                 row[FIRST_TOKENS] += first
+
+    def add_forwards(self, forwards: Sequence[tuple[int, int, int, float]]) -> None:
+        """Add the target's forward passes timed since the last call: ``(requests, tokens, count, seconds)`` rows,
+        decode forwards only (the caller leaves out those that ran a prompt)."""
+        batches = self.batches
+        for requests, tokens, count, seconds in forwards:
+            row = batches.get(requests)
+            if row is None:
+                if len(batches) >= MAX_BATCH_SIZES:
+                    continue
+                row = batches[requests] = _new_row()
+            row[FORWARDS] += count
+            row[FORWARD_S] += seconds
+            row[FORWARD_TOKENS] += tokens * count
 
     def add(self, other: Counts) -> None:
         """Add another interval's counts."""
@@ -255,8 +270,9 @@ class Counts:
                 rejections=c["rejections"],
             )
         times = tuple(StepTime(b, int(n), t / n if n else 0.0, int(tok), int(pn), ps, int(ptok), int(first),
-                               ctx / n if n else 0.0, spread=spreads.get(b, 0.0))
-                      for b, (n, t, tok, pn, ps, ptok, first, ctx) in sorted(self.batches.items()))
+                               ctx / n if n else 0.0, spread=spreads.get(b, 0.0), forwards=int(fn),
+                               forward_s=fs / fn if fn else 0.0, forward_tokens=ftok / fn if fn else 0.0)
+                      for b, (n, t, tok, pn, ps, ptok, first, ctx, fn, fs, ftok) in sorted(self.batches.items()))
         return Totals(
             seconds=seconds,
             steps=c["steps"],
@@ -270,6 +286,10 @@ class Counts:
             step_times=StepProfile(times),
             prefills=c["prefills"],
         )
+
+
+def _new_row() -> list[float]:
+    return [0, 0.0, 0, 0, 0.0, 0, 0, 0.0, 0, 0.0, 0]
 
 
 #: Seconds with decode steps at a batch size that its moment-to-moment spread is drawn from (fewer: unknown).

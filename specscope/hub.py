@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -162,6 +162,12 @@ class Hub:
                 with self._lock:
                     self._engine = replace(self._engine, num_speculative_tokens=k)
         self.requests.release_expired(steps.times[-1])
+
+    def record_forwards(self, engine_index: int, forwards: Sequence[tuple[int, int, int, float]]) -> None:
+        """Add one engine's target forwards timed since the last call: ``(requests, tokens, count, seconds)`` rows
+        of decode forwards (:mod:`specscope.collectors.forward_timer`)."""
+        if forwards:
+            self._streams.add_forwards(engine_index, self._clock(), forwards)
 
     # ----------------------------------------------------------------- readers
     def wait_idle(self, timeout: float = 5.0) -> bool:

@@ -130,6 +130,12 @@ class StepTime:
     #: A baseline's relative spread of ``mean_s`` between its calibration rounds (standard deviation / mean); 0.0
     #: where unknown.
     spread: float = field(default=0.0, metadata={"combine": "mean", "weight": "steps"})
+    #: The target's forward passes timed in the process that runs the model (:mod:`specscope.collectors.forward_timer`)
+    #: among this batch size's decode steps: how many, their mean seconds and mean tokens each ran (b a plain step,
+    #: b·(K+1) a speculative one); 0 where not timed (on CUDA, or without the plugin).
+    forwards: int = 0
+    forward_s: float = field(default=0.0, metadata={"combine": "mean", "weight": "forwards"})
+    forward_tokens: float = field(default=0.0, metadata={"combine": "mean", "weight": "forwards"})
 
     @property
     def tokens_per_request_step(self) -> float | None:
@@ -497,6 +503,9 @@ class CostRatio:
     source: str
     target_params: int | None = None
     draft_params: int | None = None
+    #: Measured against a plain step priced from the target's forward now (the machine's speed at this moment), so
+    #: no floor for a baseline timed while the machine ran slower applies.
+    anchored: bool = False
 
     @property
     def draft_weight_share(self) -> float | None:

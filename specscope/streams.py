@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from specscope.counts import Counts, Ring, StepBatch, StepTimer, batch_seconds, moment_spread
@@ -37,6 +38,15 @@ class EngineStreams:
             if stream is None:
                 stream = self._streams[index] = EngineStream(self.ring_size)
             stream.add_steps(steps)
+
+    def add_forwards(self, index: int, now: float, forwards: Sequence[tuple[int, int, int, float]]) -> None:
+        """Add the engine ``index``'s target forwards timed since the last call (:meth:`Counts.add_forwards`) to the
+        second of ``now``, when they were read."""
+        with self._lock:
+            stream = self._streams.get(index)
+            if stream is None:
+                stream = self._streams[index] = EngineStream(self.ring_size)
+            stream.ring.bucket(int(now)).add_forwards(forwards)
 
     def hold(self, seconds: float) -> None:
         """Keep at least ``seconds`` of per-second counts; a longer ring starts empty (lifetimes are kept)."""

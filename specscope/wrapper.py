@@ -19,7 +19,7 @@ import vllm
 from vllm.v1.engine.async_llm import AsyncLLM as _VllmAsyncLLM
 
 from specscope.capture import CaptureConfig, chat_messages
-from specscope.collectors import vllm_hook
+from specscope.collectors import forward_timer, vllm_hook
 from specscope.collectors.vllm_engine import (
     check_tokenizers,
     engine_hub,
@@ -64,8 +64,9 @@ class LLM(vllm.LLM):
                              else load_profile(specscope_baseline))
         check_tokenizers(kwargs.get("tokenizer") or model, kwargs.get("speculative_config"), hub)
         keep_vllm_loggers = prepare_llm_kwargs(kwargs)
-        super().__init__(model, **kwargs)
-        self.specscope: Hub = instrument(self, hub, keep_vllm_loggers=keep_vllm_loggers)
+        with forward_timer.engine_directory():
+            super().__init__(model, **kwargs)
+            self.specscope: Hub = instrument(self, hub, keep_vllm_loggers=keep_vllm_loggers)
         if capture is not None:
             start_capture(self.specscope, capture, self.llm_engine.vllm_config)
 
@@ -112,7 +113,8 @@ class AsyncLLM(_VllmAsyncLLM):
     def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
         hub = engine_hub(type(self).specscope_default_hub, vllm_config)
         prepare_async_llm(vllm_config, kwargs, hub)
-        super().__init__(vllm_config, *args, **kwargs)
+        with forward_timer.engine_directory():
+            super().__init__(vllm_config, *args, **kwargs)
         self.specscope: Hub = instrument(self, hub)
 
     @classmethod

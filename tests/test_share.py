@@ -295,9 +295,9 @@ def test_a_server_of_one_process_shares_nothing_and_says_nothing(monkeypatch: py
 
 
 def test_vllm_loads_the_namer_with_the_stat_logger() -> None:
-    """One name in ``VLLM_PLUGINS`` lets vLLM load both: the stat logger in the API-server processes, the namer in
-    every process (``vllm serve``'s first)."""
-    assert declared_entry_points("vllm.general_plugins") == {"specscope": "specscope.share:name_directory"}
+    """One name in ``VLLM_PLUGINS`` lets vLLM load all: the stat logger in the API-server processes, the namer (and
+    the forward timer) in every process (``vllm serve``'s first)."""
+    assert declared_entry_points("vllm.general_plugins") == {"specscope": "specscope.plugin:load"}
     assert set(declared_entry_points("vllm.stat_logger_plugins")) == {"specscope"}
 
 

@@ -197,3 +197,47 @@ def test_a_k_other_than_the_running_one_carries_the_unknown_fixed_cost_of_a_step
     tokens_8 = est.by_k[8] * (1 + 8 * 0.2 - 0.5 * 0.2)
     assert tokens_8 / (1 + 8 * 0.2 - 0.2) >= est.high[8] > tokens_8 / (1 + 8 * 0.2 - 0.8 * 0.2)
     assert tokens_8 / (1 + 8 * 0.2 - 0.2 * 0.2) > est.low[8] >= tokens_8 / (1 + 8 * 0.2)
+
+
+def forward_baseline(scale: float = 1.0) -> StepProfile:
+    """Plain steps of 3.6, 4.0 and 6.0 ms at batch 1, 4 and 16 (times ``scale``: a machine that ran slower), each
+    with its target forward timed: 3.0, 3.4 and 5.2 ms at as many tokens as requests."""
+    return StepProfile(tuple(StepTime(b, 50, scale * t, forwards=50, forward_s=scale * f, forward_tokens=float(b))
+                             for b, t, f in ((1, 0.0036, 0.0030), (4, 0.0040, 0.0034), (16, 0.0060, 0.0052))),
+                       "b", SETUP)
+
+
+def test_a_plain_step_is_priced_from_the_targets_forward_now(tmp_path: Path) -> None:
+    """The engine's target forward at batch 1 and K = 4 (5 tokens) runs 20% over the baseline's forward at 5 tokens
+    (3.4 ms at 4, 5.2 at 16: 3.55 ms): the machine is slower now, and the plain step is priced 20% over the
+    calibrated 3.6 ms, whatever the context. At batch 16 (80 tokens, past twice the 16 the baseline timed) the
+    baseline is priced as before. The forward's numbers survive the baseline's file."""
+    save_profile(forward_baseline(), tmp_path / "b.json")
+    base = load_profile(tmp_path / "b.json")
+    assert base.times == forward_baseline().times
+    clock = Clock()
+    hub = speculative_hub(clock)  # speculative steps of 8 ms at batch 1, 30 ms at batch 16
+    hub.set_baseline(base)
+    then = 0.0034 + (0.0052 - 0.0034) / 12
+    hub.record_forwards(0, [(1, 5, 30, 30 * 1.2 * then), (16, 80, 30, 30 * 0.025)])
+    snap = hub.snapshot()
+    one, sixteen = measured_cost(snap, 1), measured_cost(snap, 16)
+    assert one is not None and one.anchored and one.value == pytest.approx((0.008 / (1.2 * 0.0036) - 1) / 4)
+    assert f"{1e3 * 1.2 * then:.1f} ms now at 5 tokens, {1e3 * then:.1f} ms calibrated" in one.source
+    assert sixteen is not None and not sixteen.anchored and sixteen.value == pytest.approx((0.030 / 0.0060 - 1) / 4)
+
+
+def test_an_anchored_baseline_timed_on_a_slower_day_is_not_floored() -> None:
+    """A baseline timed while the machine ran 2.5 times slower: unanchored, its plain step (9 ms) is over the
+    speculative one (8 ms) and the draft model's c is raised to its parameter share (0.25) and called suspect; with
+    the forward now at the speed of :func:`forward_baseline`'s own, the plain step is priced at 3.6 ms and c is
+    measured as it is, with no floor and no caveat."""
+    clock = Clock()
+    hub = speculative_hub(clock)
+    hub.set_baseline(forward_baseline(2.5))
+    unanchored = estimate(hub.snapshot(), batch_size=1)
+    assert unanchored is not None and unanchored.c == 0.25 and "ran slower" in unanchored.explain()
+    hub.record_forwards(0, [(1, 5, 30, 30 * (0.0034 + (0.0052 - 0.0034) / 12))])
+    anchored = estimate(hub.snapshot(), batch_size=1)
+    assert anchored is not None and anchored.c == pytest.approx((0.008 / 0.0036 - 1) / 4)
+    assert "ran slower" not in anchored.explain() and "parameter share" not in anchored.explain()

@@ -96,6 +96,8 @@ def instrument(engine: Any, hub: Hub | None = None, *, keep_vllm_loggers: bool |
     others = [lg for lg in manager.stat_loggers if not isinstance(lg, SpecscopeStatLogger)]
     ours = [lg for lg in manager.stat_loggers if isinstance(lg, SpecscopeStatLogger) and lg.hub is hub]
     stat_logger = ours[0] if ours else SpecscopeStatLogger.bound_to(hub)(target.vllm_config, manager.engine_indexes)
+    if earlier is not None and earlier[1] is not stat_logger:
+        stat_logger.forwards = earlier[1].forwards  # where the engine's first logger found its forward times
     removed = [] if keep_vllm_loggers else others
     manager.stat_loggers[:] = [*(others if keep_vllm_loggers else []), stat_logger]
     stat_logger.log_engine_initialized()

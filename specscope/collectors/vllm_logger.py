@@ -18,7 +18,7 @@ from vllm.v1.metrics.loggers import AggregateStatLoggerBase
 
 from specscope import capture
 from specscope.capture import Capture, CaptureConfig, CaptureError
-from specscope.collectors import vllm_hook, vllm_reader
+from specscope.collectors import forward_timer, vllm_hook, vllm_reader
 from specscope.counts import StepBatch
 from specscope.hub import Hub, default_hub
 from specscope.request_log import PENDING_TIMEOUT_S
@@ -69,6 +69,14 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
         self._flushing = threading.Lock()
         self.hub.add_pending_source(self.flush)
         self.engine_indexes = list(engine_indexes or [0])
+        par = getattr(vllm_config, "parallel_config", None)
+        where = forward_timer.named() if not getattr(par, "_api_process_rank", 0) else None
+        #: Where the engines' forward times are read (None: nowhere), by one API-server process (its snapshots reach
+        #: the others); kept when the engine moves to another hub (:func:`~.vllm_engine.instrument`).
+        self.forwards = forward_timer.ForwardDeltas(where) if where is not None else None
+        spec = getattr(vllm_config, "speculative_config", None)
+        #: The most tokens a request runs in a decode forward (K + 1): forwards with more ran a prompt.
+        self._decode_tokens = 1 + int(getattr(spec, "num_speculative_tokens", 0) or 0)
         self._hook_failures = vllm_hook.failures
         if vllm_hook.install():
             self.hub.requests.expect_parts(1)  # the engine's own records are complete
@@ -172,6 +180,12 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
                 hub.health.count_error("stat logger step", exc)
         if missing:
             hub.health.count_missing(missing, vllm_reader.unavailable(missing))
+        if self.forwards is not None:
+            try:
+                for engine in self.engine_indexes:
+                    hub.record_forwards(engine, self.forwards.since(engine, self._decode_tokens))
+            except Exception as exc:
+                hub.health.count_error("forward times", exc)
         if vllm_hook.failures != self._hook_failures:
             self._hook_failures = vllm_hook.failures
             hub.health.count_error("request hook", RuntimeError("vLLM's request state changed shape"))

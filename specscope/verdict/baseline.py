@@ -48,7 +48,9 @@ def save_profile(profile: StepProfile, path: str | Path) -> None:
     setup = profile.setup or EngineSetup()
     doc = {"setup": asdict(setup),
            "step_times": [{"batch_size": t.batch_size, "steps": t.steps, "mean_s": t.mean_s, "context": t.context,
-                           "context_slope": t.context_slope, "spread": t.spread} for t in profile.times]}
+                           "context_slope": t.context_slope, "spread": t.spread}
+                          | ({"forwards": t.forwards, "forward_s": t.forward_s, "forward_tokens": t.forward_tokens}
+                             if t.forwards else {}) for t in profile.times]}
     Path(path).write_text(json.dumps(doc, indent=1) + "\n")
 
 
@@ -63,7 +65,9 @@ def load_profile(path: str | Path) -> StepProfile:
         doc = json.loads(Path(path).read_text())
         times = tuple(StepTime(int(t["batch_size"]), int(t["steps"]), float(t["mean_s"]),
                                context=float(t.get("context", 0.0)), context_slope=float(t.get("context_slope", 0.0)),
-                               spread=float(t.get("spread", 0.0))) for t in doc["step_times"])
+                               spread=float(t.get("spread", 0.0)), forwards=int(t.get("forwards", 0)),
+                               forward_s=float(t.get("forward_s", 0.0)),
+                               forward_tokens=float(t.get("forward_tokens", 0.0))) for t in doc["step_times"])
         raw = doc.get("setup") or {}
         setup = EngineSetup(**{k: v for k, v in raw.items() if k in EngineSetup.__dataclass_fields__}) if raw else None
     except OSError as exc:
@@ -72,8 +76,9 @@ def load_profile(path: str | Path) -> StepProfile:
         raise ValueError(f"{path} is not a specscope baseline (step_times by batch size): {exc}") from None
     if not times or any(t.batch_size < 1 or t.steps < 1 or t.mean_s <= 0 for t in times):
         raise ValueError(f"{path} is not a usable baseline: it needs positive batch sizes, steps and times")
-    if any(t.context < 0 or t.context_slope < 0 or t.spread < 0 for t in times):
-        raise ValueError(f"{path} is not a usable baseline: context, context_slope and spread cannot be negative")
+    if any(min(t.context, t.context_slope, t.spread, t.forwards, t.forward_s, t.forward_tokens) < 0 for t in times):
+        raise ValueError(f"{path} is not a usable baseline: context, context_slope, spread and the forward's "
+                         "numbers cannot be negative")
     name = setup.model if setup else doc.get("model")
     return StepProfile(times, f"baseline {Path(path).name}" + (f" of {name}" if name else ""), setup)
 

@@ -3,6 +3,7 @@ modelled for model-free methods, or estimated from the configs."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -75,6 +76,43 @@ def at_least_share(snap: Snapshot, value: float) -> tuple[float, str]:
     return share, f"{value:.2f} measured, under the draft's parameter share: priced at the share, {share:.2f}"
 
 
+#: How far past the most tokens a baseline timed the forward at it is extended along its last segment (a decode
+#: step at batch b and K runs b·(K+1) tokens; a calibration to batch 16 times up to 16).
+FORWARD_REACH = 2.0
+
+
+def forward_at(base: StepProfile, tokens: float) -> float | None:
+    """The baseline's target forward at ``tokens`` (a plain decode step at batch b runs b): interpolated between its
+    timed batch sizes, extended along the last segment up to :data:`FORWARD_REACH` times the most it timed; None
+    outside that, or without two timed batch sizes."""
+    pts = sorted((t.forward_tokens, t.forward_s) for t in base.times if t.forwards >= MIN_STEPS and t.forward_s > 0)
+    if len(pts) < 2 or not pts[0][0] <= tokens <= FORWARD_REACH * pts[-1][0]:
+        return None
+    for (x0, y0), (x1, y1) in itertools.pairwise(pts):
+        if tokens <= x1 or (x1, y1) == pts[-1]:
+            return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0) if x1 > x0 else y1
+    return None
+
+
+def plain_step(snap: Snapshot, base: StepProfile, batch_size: int) -> tuple[float | None, str, bool]:
+    """The target's plain decode step at ``batch_size`` now: ``(seconds, how it was priced, anchored)``.
+
+    Where the live engine's target forward is timed at this batch size and the baseline timed the forward at as
+    many tokens (:func:`forward_at`), the baseline's step scaled by the forward now over the forward then: the
+    machine's speed at this moment and the live context both enter through the forward, a steady share of a step
+    (anchored). Otherwise the baseline's step priced at the live context (:func:`live_context`)."""
+    live = steps_at(snap, batch_size)
+    t_cal = base.at(batch_size, MIN_STEPS)
+    if live is not None and live.forwards >= MIN_STEPS and t_cal:
+        then = forward_at(base, live.forward_tokens)
+        if then:
+            return (t_cal * live.forward_s / then,
+                    f" (priced from the target's forward: {1e3 * live.forward_s:.1f} ms now at "
+                    f"{live.forward_tokens:.0f} tokens, {1e3 * then:.1f} ms calibrated)", True)
+    context = live_context(snap, batch_size)
+    return base.at(batch_size, MIN_STEPS, context), _priced_at(base, batch_size, context), False
+
+
 def measured_cost(snap: Snapshot, batch_size: int) -> CostRatio | None:
     """c at ``batch_size`` from live step times against the baseline (never under 0); None without both, or where a
     speculative step measures faster than the baseline's plain one and no :func:`weight_share` bounds c from below.
@@ -83,8 +121,7 @@ def measured_cost(snap: Snapshot, batch_size: int) -> CostRatio | None:
     base = usable_baseline(snap)
     if base is None or not k:
         return None
-    context = live_context(snap, batch_size)
-    t_spec, t_plain = _spec_step_time(snap, batch_size), base.at(batch_size, MIN_STEPS, context)
+    t_spec, (t_plain, priced, anchored) = _spec_step_time(snap, batch_size), plain_step(snap, base, batch_size)
     if t_spec is None or not t_plain or (t_spec < t_plain and weight_share(snap) is None):
         # A speculative step verifies K+1 tokens a request: faster than a plain step, it says the baseline is not
         # comparable now (taken while the machine ran slower, or elsewhere), not that speculation is free. A draft
@@ -94,9 +131,10 @@ def measured_cost(snap: Snapshot, batch_size: int) -> CostRatio | None:
     return CostRatio(
         max(0.0, t_spec / t_plain - 1.0) / k,
         f"measured at batch {batch_size}: {1e3 * t_spec:.1f} ms per speculative step, "
-        f"{1e3 * t_plain:.1f} ms without speculation{_priced_at(base, batch_size, context)} ({base.source})",
+        f"{1e3 * t_plain:.1f} ms without speculation{priced} ({base.source})",
         sizes.target_params if sizes else None,
         sizes.draft_params if sizes else None,
+        anchored,
     )
 
 
@@ -111,11 +149,13 @@ def k0_cost(snap: Snapshot, batch_size: int) -> tuple[float, CostRatio] | None:
     if base is None or snap.engine.k_at(batch_size) != 0:
         return None
     context = live_context(snap, batch_size)
-    t_step, t_plain = _spec_step_time(snap, batch_size), base.at(batch_size, MIN_STEPS, context)
+    t_step, (t_plain, priced, anchored) = _spec_step_time(snap, batch_size), plain_step(snap, base, batch_size)
     model_free, share = snap.engine.method in MODEL_FREE_METHODS, weight_share(snap)
     if t_step is None or not t_plain or (t_step < t_plain and not model_free and share is None):
         return None
-    c0, floor = at_least_share(snap, max(0.0, t_step / t_plain - 1.0))
+    c0, floor = max(0.0, t_step / t_plain - 1.0), ""
+    if not anchored:
+        c0, floor = at_least_share(snap, c0)
     floor = f", {floor}" if floor else ""
     verify = verify_share(base, batch_size, context)
     sizes = snap.cost_ratio
@@ -123,12 +163,13 @@ def k0_cost(snap: Snapshot, batch_size: int) -> tuple[float, CostRatio] | None:
     return c0, CostRatio(
         c0 + (verify or 0.0),
         f"measured at batch {batch_size}, where the schedule runs K=0: {what} {c0:.2f} ({1e3 * t_step:.1f} ms a "
-        f"step, {1e3 * t_plain:.1f} ms without speculation{_priced_at(base, batch_size, context)}{floor}) plus "
+        f"step, {1e3 * t_plain:.1f} ms without speculation{priced}{floor}) plus "
         + (f"{verify:.2f} for verifying one more token a request (the baseline's step times over batch sizes)"
            if verify is not None else "nothing for verification (a baseline of one batch size: a lower bound)")
         + f" ({base.source})",
         sizes.target_params if sizes else None,
         sizes.draft_params if sizes else None,
+        anchored,
     )
 
 

@@ -450,8 +450,8 @@ def _weight_floor(snap: Snapshot, measured: CostRatio | None) -> CostRatio | Non
     """``measured`` raised to :func:`~specscope.verdict.cost.weight_share` where a draft model's measured c is under
     it (:func:`~specscope.verdict.cost.at_least_share`). A c under it says the baseline was timed while the machine ran
     slower (:func:`_slow_baseline` says so); priced at it, a same-size draft is not called paying on a slow baseline."""
-    if measured is None:
-        return None
+    if measured is None or measured.anchored:
+        return measured
     value, floor = at_least_share(snap, measured.value)
     return replace(measured, value=value, source=f"{measured.source}; {floor}") if floor else measured
 
@@ -461,7 +461,8 @@ def _slow_baseline(snap: Snapshot, measured: CostRatio | None) -> str:
     tokens only add to, a baseline timed while the machine ran slower (under load, or another day) puts it; ""
     otherwise."""
     sizes = snap.cost_ratio
-    if measured is None or sizes is None or sizes.draft_params is None or snap.engine.method in MODEL_FREE_METHODS:
+    if measured is None or measured.anchored or sizes is None or sizes.draft_params is None or \
+            snap.engine.method in MODEL_FREE_METHODS:
         return ""
     if measured.value >= 0.8 * sizes.value:
         return ""

@@ -38,6 +38,9 @@ def test_calibrate_command_writes_a_baseline_with_its_setup(tiny: Any, engines: 
     assert all(10 < t.context < 24 + 60 and t.context_slope >= 0 and t.spread > 0 for t in profile.times), \
         profile.times
     assert "tokens of context" in r.out
+    # The target's forward, timed in the engine's process: a share of each step, at as many tokens as requests.
+    assert all(t.forwards >= 2 * 22 and 0 < t.forward_s < t.mean_s and t.forward_tokens == t.batch_size
+               for t in profile.times), profile.times
     setup = profile.setup
     assert setup is not None and setup.model == str(tiny["target"])
     assert setup.dtype == "float32" and setup.device is not None and setup.device.startswith("cpu")

@@ -100,6 +100,12 @@ def test_each_engine_equals_vllms_own_counters(scaled: tuple[str, int, Path], tm
             assert engines[index]["accepted_per_pos"] == per_pos, index
         records = {r["request_id"] for r in snap["requests"]}
         assert records == {f"{i}-0" for i in ids}  # every request once
+        # Each engine's target forward, timed in its worker: a share of its decode steps, once (not per process).
+        for e in snap["engines"]:
+            timed = [t for t in e["lifetime"]["step_times"]["times"] if t["forwards"] and t["steps"]]
+            assert timed and all(0 < t["forward_s"] < t["mean_s"] and t["batch_size"] <= t["forward_tokens"]
+                                 <= 5 * t["batch_size"] for t in timed), e
+
         assert snap["kv"]["block_usage"] is None or 0 <= snap["kv"]["block_usage"] <= 1
     # The Prometheus port (served by one of the processes): the whole server's numbers, one series per engine,
     # and every request once.
@@ -118,6 +124,10 @@ def test_each_engine_equals_vllms_own_counters(scaled: tuple[str, int, Path], tm
     share = Path(re.search(r"share their numbers through (\S+?);", log).group(1))  # type: ignore[union-attr]
     assert re.fullmatch(rf"specscope-{os.geteuid()}-[0-9a-f]{{32}}", share.name), share
     assert share.is_dir() and stat.S_IMODE(share.stat().st_mode) == 0o700
+    forwards = sorted((share / "forward").iterdir())
+    assert [f.name for f in forwards] == ["0.forward.json", "1.forward.json"]
+    assert stat.S_IMODE((share / "forward").stat().st_mode) == 0o700
+    assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in forwards)
     # The unmodified-vLLM source reads the engines apart, and averages their KV usage instead of adding it.
     from specscope.collectors.scrape import vllm_source
 
