@@ -232,7 +232,8 @@ def _estimated(estimates: dict[int, Any]) -> dict[str, dict[int, Any]]:
 
 
 def anchored(snap: Any, pair: dict[str, Any]) -> None:
-    """Each cell's error had the baseline been anchored to the machine's speed, two ways, at each batch size:
+    """Each cell's error without the verdict's own anchor (``error_unanchored``: no live forward timed), and had the
+    baseline been anchored to the machine's speed, two ways, at each batch size:
 
     - ``error_as_served``: priced exactly the plain step the plain engine served sample B with (``plain_serving_ms``),
       which fixes the calibration's moment;
@@ -242,6 +243,12 @@ def anchored(snap: Any, pair: dict[str, Any]) -> None:
       anchored one is not)."""
     from specscope.verdict import cost, estimate
 
+    unanchored = _without_forwards(snap)
+    for b in BATCHES:
+        est = estimate(unanchored, batch_size=b)
+        for cell in pair["cells"]:
+            if cell["batch"] == b and est is not None:
+                cell["error_unanchored"] = round(est.by_k[cell["k"]] / cell["measured"] - 1.0, 3)
     served, priced = pair.get("plain_serving_ms", {}), pair.get("plain_priced_ms", {})
     spec = pair.get("spec_step_ms") or {}
     for b in BATCHES:
@@ -260,6 +267,16 @@ def anchored(snap: Any, pair: dict[str, Any]) -> None:
             for cell in pair["cells"]:
                 if cell["batch"] == b and est is not None:
                     cell[key] = round(est.by_k[cell["k"]] / cell["measured"] - 1.0, 3)
+
+
+def _without_forwards(snap: Any) -> Any:
+    """``snap`` with no live forward timed: the verdict as it prices the plain step without the anchor."""
+    def strip(profile: Any) -> Any:
+        return replace(profile, times=tuple(replace(t, forwards=0, forward_s=0.0, forward_tokens=0.0)
+                                            for t in profile.times))
+
+    return replace(snap, lifetime=replace(snap.lifetime, step_times=strip(snap.lifetime.step_times)),
+                   window=replace(snap.window, step_times=strip(snap.window.step_times)))
 
 
 def judge(cells: list[dict[str, Any]], estimates: dict[int, Any]) -> list[dict[str, Any]]:
@@ -343,7 +360,7 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
             # Cells whose own measurement is no finer than the 10% goal: their rounds span more than 10%.
             "measured_rounds_over_10pct": sum(c["rounds_spread"] > 0.10 for c in cells),
             **{f"within_10pct_{key[6:]}": sum(abs(c[key]) <= 0.10 for c in cells if key in c)
-               for key in ("error_as_served", "error_at_moment")},
+               for key in ("error_unanchored", "error_as_served", "error_at_moment")},
             **measurement_ceiling([c["rounds"] for c in cells])}
 
 

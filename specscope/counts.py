@@ -272,7 +272,8 @@ class Counts:
         times = tuple(StepTime(b, int(n), t / n if n else 0.0, int(tok), int(pn), ps, int(ptok), int(first),
                                ctx / n if n else 0.0, spread=spreads.get(b, 0.0), forwards=int(fn),
                                forward_s=fs / fn if fn else 0.0, forward_tokens=ftok / fn if fn else 0.0)
-                      for b, (n, t, tok, pn, ps, ptok, first, ctx, fn, fs, ftok) in sorted(self.batches.items()))
+                      for b, (n, t, tok, pn, ps, ptok, first, ctx, fn, fs, ftok) in sorted(self.batches.items())
+                      if n or pn)  # forwards read after their steps left the interval are not a batch size of it
         return Totals(
             seconds=seconds,
             steps=c["steps"],

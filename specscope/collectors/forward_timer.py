@@ -5,9 +5,10 @@ prices a plain step from (docs/speed-anchor.md).
 ``GPUModelRunner._model_forward`` at class level once its module is imported (``CPUModelRunner`` inherits it;
 warm-up and profile runs call the model directly, so only real steps are timed). Each call adds its seconds to a
 running sum keyed by (requests in the batch, tokens it ran): a plain decode step at batch b is (b, b), a speculative
-one at K is (b, b·(K+1)). A daemon thread writes the sums about four times a second to ``<dir>/<dp rank>.forward.json``
-(ours, 0600, a fresh ``O_EXCL|O_NOFOLLOW`` file renamed over the last), and the stat logger in the front-end process
-reads them (:class:`ForwardDeltas`): vLLM's stats drop fields it does not declare. The directory is
+one at K is (b, b·(K+1)). A daemon thread writes the sums about four times a second to
+``<dir>/<engine index>.forward.json`` (ours, 0600, a fresh ``O_EXCL|O_NOFOLLOW`` file renamed over the last), and
+the stat logger in the front-end process reads them (:class:`ForwardDeltas`): vLLM's stats drop fields it does not
+declare. The directory is
 ``SPECSCOPE_FORWARD_DIR`` (``specscope.LLM`` names a fresh one per engine), else ``forward/`` in the server's share
 directory (:mod:`specscope.share`); without either nothing is timed.
 
@@ -187,7 +188,9 @@ def wrap(runner_cls: type) -> bool:
                 getattr(par, "rank", 0) % max(1, getattr(par, "tensor_parallel_size", 1)) == 0 else None
             if where is not None:  # on CUDA kernels still run when the call returns: no time to take
                 sums = ForwardSums()
-                Publisher(where, f"{int(par.data_parallel_rank)}.forward.json", sums)
+                # The engine's index (vLLM's engine_idx): a dense model's DP engines all have data_parallel_rank 0.
+                index = getattr(par, "data_parallel_index", None)
+                Publisher(where, f"{int(par.data_parallel_rank if index is None else index)}.forward.json", sums)
         except Exception as e:  # never raise into the engine
             log.warning("specscope: the target's forward is not timed (%s)", e)
             sums = None

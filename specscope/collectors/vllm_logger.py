@@ -145,12 +145,19 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
             self.hub.health.count_error("stat logger step", exc)
 
     def flush(self) -> None:
-        """Add the steps recorded so far to the hub (from vLLM's thread or a reader's; one at a time)."""
+        """Add the steps recorded so far, and the engines' forwards timed since the last flush, to the hub (from
+        vLLM's thread or a reader's; one at a time)."""
         with self._flushing:
             pending = self._pending
             rows = [pending.popleft() for _ in range(len(pending))]
             if rows:
                 self._add(rows)
+            if self.forwards is not None:  # also when this process got no steps: they may be another's
+                try:
+                    for engine in self.engine_indexes:
+                        self.hub.record_forwards(engine, self.forwards.since(engine, self._decode_tokens))
+                except Exception as exc:
+                    self.hub.health.count_error("forward times", exc)
 
     def _add(self, rows: list[_Kept]) -> None:
         hub = self.hub
@@ -180,12 +187,7 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
                 hub.health.count_error("stat logger step", exc)
         if missing:
             hub.health.count_missing(missing, vllm_reader.unavailable(missing))
-        if self.forwards is not None:
-            try:
-                for engine in self.engine_indexes:
-                    hub.record_forwards(engine, self.forwards.since(engine, self._decode_tokens))
-            except Exception as exc:
-                hub.health.count_error("forward times", exc)
+
         if vllm_hook.failures != self._hook_failures:
             self._hook_failures = vllm_hook.failures
             hub.health.count_error("request hook", RuntimeError("vLLM's request state changed shape"))

@@ -19,7 +19,9 @@ def runner_class() -> type:
         def __init__(self, requests: int, device: str = "cpu") -> None:
             self.device = SimpleNamespace(type=device)
             self.input_batch = SimpleNamespace(num_reqs=requests)
-            self.parallel_config = SimpleNamespace(rank=0, tensor_parallel_size=1, data_parallel_rank=1)
+            # A dense model's second data-parallel engine: vLLM 0.32 resets its rank to 0, the index stays.
+            self.parallel_config = SimpleNamespace(rank=0, tensor_parallel_size=1, data_parallel_rank=0,
+                                                   data_parallel_index=1)
             self.calls = 0
 
         def _model_forward(self, input_ids: Any = None, positions: Any = None, **kw: Any) -> str:
