@@ -106,8 +106,8 @@ def test_each_engine_equals_vllms_own_counters(scaled: tuple[str, int, Path], tm
             timed = [t for t in rows if t["forwards"] and t["steps"]]
             assert timed and all(0 < t["forward_s"] < t["mean_s"] and t["batch_size"] <= t["forward_tokens"]
                                  <= 5 * t["batch_size"] for t in timed), [
-                (t["batch_size"], t["steps"], round(1e3 * t["mean_s"], 2), t["forwards"], round(1e3 * t["forward_s"], 2),
-                 t["forward_tokens"]) for t in rows]
+                (t["batch_size"], t["steps"], round(1e3 * t["mean_s"], 2), t["forwards"],
+                 round(1e3 * t["forward_s"], 2), t["forward_tokens"]) for t in rows]
 
         assert snap["kv"]["block_usage"] is None or 0 <= snap["kv"]["block_usage"] <= 1
     # The Prometheus port (served by one of the processes): the whole server's numbers, one series per engine,
