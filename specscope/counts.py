@@ -205,17 +205,14 @@ class Counts:
         if any(drafts):
             _add_into(self.per_pos, _column_sums(list(itertools.compress(steps.accepted_per_pos, drafts))))
             _add_into(self.dt_per_pos, _column_sums(list(itertools.compress(steps.draft_tokens_per_pos, drafts))))
-        batches = self.batches
         for timing, generated, first, context in zip(timings, steps.generation_tokens, steps.first_tokens, contexts,
                                                      strict=True):
             if timing is None:
                 continue
             batch, seconds, decode = timing
-            row = batches.get(batch)
+            row = self._row(batch)
             if row is None:
-                if len(batches) >= MAX_BATCH_SIZES:
-                    continue
-                row = batches[batch] = _new_row()
+                continue
             if decode:
                 row[DECODE_STEPS] += 1
                 row[DECODE_S] += seconds
@@ -230,16 +227,20 @@ class Counts:
     def add_forwards(self, forwards: Sequence[tuple[int, int, int, float]]) -> None:
         """Add the target's forward passes timed since the last call: ``(requests, tokens, count, seconds)`` rows,
         decode forwards only (the caller leaves out those that ran a prompt)."""
-        batches = self.batches
         for requests, tokens, count, seconds in forwards:
-            row = batches.get(requests)
+            row = self._row(requests)
             if row is None:
-                if len(batches) >= MAX_BATCH_SIZES:
-                    continue
-                row = batches[requests] = _new_row()
+                continue
             row[FORWARDS] += count
             row[FORWARD_S] += seconds
             row[FORWARD_TOKENS] += tokens * count
+
+    def _row(self, batch: int) -> list[float] | None:
+        """The row of ``batch``, made on its first numbers; None past :data:`MAX_BATCH_SIZES` batch sizes."""
+        row = self.batches.get(batch)
+        if row is None and len(self.batches) < MAX_BATCH_SIZES:
+            row = self.batches[batch] = [0, 0.0, 0, 0, 0.0, 0, 0, 0.0, 0, 0.0, 0]
+        return row
 
     def add(self, other: Counts) -> None:
         """Add another interval's counts."""
@@ -287,10 +288,6 @@ class Counts:
             step_times=StepProfile(times),
             prefills=c["prefills"],
         )
-
-
-def _new_row() -> list[float]:
-    return [0, 0.0, 0, 0, 0.0, 0, 0, 0.0, 0, 0.0, 0]
 
 
 #: Seconds with decode steps at a batch size that its moment-to-moment spread is drawn from (fewer: unknown).

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import secrets
 import stat
 from pathlib import Path
 
@@ -48,3 +49,17 @@ def open_private(path: Path, flags: int) -> int:
         os.close(fd)
         raise PermissionError(f"{path}: {why}; refused")
     return fd
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` at once: through a fresh ``O_EXCL|O_NOFOLLOW`` temp file of ours (0600) beside it,
+    renamed over ``path`` (which replaces a symlink there, never its target); the temp file is removed on failure."""
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | OPEN_FLAGS, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -171,15 +171,7 @@ class ProcessShare:
     def _publish(self) -> None:
         snap = self._local.local_snapshot()
         data = b"".join(codec.encode(replace(snap, requests=snap.requests[-PUBLISHED_REQUESTS:])))
-        tmp = self.directory / f".{self.rank}.{secrets.token_hex(8)}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | private.OPEN_FLAGS, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, self.directory / f"{self.rank}.json")  # replaces a symlink there, never its target
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        private.replace_file(self.directory / f"{self.rank}.json", data)
 
     def _load(self, name: str) -> Snapshot:
         path = self.directory / name

@@ -34,19 +34,20 @@ class EngineStreams:
     def add(self, index: int, steps: StepBatch) -> None:
         """Add consecutive steps of the engine ``index``."""
         with self._lock:
-            stream = self._streams.get(index)
-            if stream is None:
-                stream = self._streams[index] = EngineStream(self.ring_size)
-            stream.add_steps(steps)
+            self._stream(index).add_steps(steps)
 
     def add_forwards(self, index: int, now: float, forwards: Sequence[tuple[int, int, int, float]]) -> None:
         """Add the engine ``index``'s target forwards timed since the last call (:meth:`Counts.add_forwards`) to the
         second of ``now``, when they were read."""
         with self._lock:
-            stream = self._streams.get(index)
-            if stream is None:
-                stream = self._streams[index] = EngineStream(self.ring_size)
-            stream.ring.bucket(int(now)).add_forwards(forwards)
+            self._stream(index).ring.bucket(int(now)).add_forwards(forwards)
+
+    def _stream(self, index: int) -> EngineStream:
+        """The engine ``index``'s stream, made on its first numbers (the caller holds the lock)."""
+        stream = self._streams.get(index)
+        if stream is None:
+            stream = self._streams[index] = EngineStream(self.ring_size)
+        return stream
 
     def hold(self, seconds: float) -> None:
         """Keep at least ``seconds`` of per-second counts; a longer ring starts empty (lifetimes are kept)."""

@@ -98,14 +98,7 @@ class Publisher:
         version = sums.version
         if version == self._written:
             return True
-        body = json.dumps({"pid": os.getpid(), "sums": sums.rows()}).encode()
-        tmp = self.directory / f".{self.path.name}.{os.getpid()}.{threading.get_ident()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | private.OPEN_FLAGS, 0o600)
-        try:
-            os.write(fd, body)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
+        private.replace_file(self.path, json.dumps({"pid": os.getpid(), "sums": sums.rows()}).encode())
         self._written = version
         return True
 
@@ -115,7 +108,7 @@ def read(path: Path) -> list[tuple[int, int, int, float]] | None:
     is absent, not private to us or not what a publisher writes."""
     try:
         fd = private.open_private(path, os.O_RDONLY)
-    except (OSError, PermissionError):
+    except OSError:  # PermissionError too: not ours
         return None
     try:
         with os.fdopen(fd, "rb") as f:

@@ -187,7 +187,6 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
                 hub.health.count_error("stat logger step", exc)
         if missing:
             hub.health.count_missing(missing, vllm_reader.unavailable(missing))
-
         if vllm_hook.failures != self._hook_failures:
             self._hook_failures = vllm_hook.failures
             hub.health.count_error("request hook", RuntimeError("vLLM's request state changed shape"))
