@@ -211,7 +211,9 @@ def run_pair(name: str, target: Path, draft: Path, length: int, samples: tuple[l
 def _verdict_plain(snap: Any) -> dict[str, Any]:
     """The plain step the verdict priced at each batch size (``plain_verdict_ms``; with the baseline's forward
     anchored to the predicting run's where it could be, ``anchored``) and the target's forward in ms at the tokens
-    it ran, in the predicting run and in the baseline (``forward``)."""
+    it ran, in the predicting run and in the baseline (``forward``), and the baseline's fit of its forwards
+    (``forward_fit_ms``: ms, ms a request, ms a token)."""
+    from specscope.counts import fit_forward
     from specscope.verdict.cost import plain_step
 
     if snap.baseline is None:
@@ -221,7 +223,8 @@ def _verdict_plain(snap: Any) -> dict[str, Any]:
                       for t in profile.times if t.forwards and t.batch_size in BATCHES}
                for name, profile in (("predicting", snap.lifetime.step_times), ("baseline", snap.baseline))}
     return {"plain_verdict_ms": {b: round(1e3 * t, 2) for b, (t, _, _) in priced.items() if t},
-            "anchored": {b: anchored for b, (_, _, anchored) in priced.items()}, "forward": forward}
+            "anchored": {b: anchored for b, (_, _, anchored) in priced.items()}, "forward": forward,
+            "forward_fit_ms": [round(1e3 * x, 4) for x in fit_forward(snap.baseline.forward_moments) or ()]}
 
 
 def _estimated(estimates: dict[int, Any]) -> dict[str, dict[int, Any]]:
@@ -317,7 +320,7 @@ def replay(stem: str) -> dict[str, Any]:
         snap = codec.from_dict(json.loads((RESULTS / f"{stem}_{name}.snapshot.json").read_text()))
         estimates = {b: estimate(snap, batch_size=b) for b in BATCHES}
         pair["cells"] = judge(pair["cells"], estimates)
-        pair.update(_estimated(estimates))
+        pair.update(_estimated(estimates) | _verdict_plain(snap))
         if snap.baseline is not None:
             pair["plain_priced_ms"] = _priced(snap.baseline, {int(b): context for b, context
                                                               in pair["plain_serving_context"].items()})

@@ -13,7 +13,7 @@ import itertools
 import operator
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from specscope.model import SpecCounts, StepProfile, StepTime, Totals
 
@@ -26,6 +26,44 @@ _SOURCES = (("steps", None), ("prompt_tokens", "prompt_tokens"), ("generation_to
 SCALARS = tuple(name for name, _ in _SOURCES)
 #: Distinct batch sizes kept per interval (vLLM's max_num_seqs is 256 to 1024 in practice).
 MAX_BATCH_SIZES = 1024
+N = TypeVar("N", int, float)
+#: The most tokens a request runs in a forward that the fit of the target's forward takes
+#: (:func:`forward_moments`): a verify forward runs K+1, a short prompt's prefill a few dozen; long prompts'
+#: forwards, whose attention over themselves grows faster than their tokens, are left out.
+FIT_TOKENS_PER_REQUEST = 64
+
+
+def forward_moments(forwards: Sequence[tuple[int, int, int, float]]) -> list[float]:
+    """The sums a least-squares fit of a forward's seconds over ``a + b·requests + c·tokens`` needs, each forward a
+    point: n, Σr, Σt, Σr², Σrt, Σt², Σy, Σry, Σty over ``(requests, tokens, count, seconds)`` rows (those of at most
+    :data:`FIT_TOKENS_PER_REQUEST` tokens a request). Sums add and subtract over intervals like every count."""
+    out = [0.0] * 9
+    for r, t, c, s in forwards:
+        if r > 0 and t <= r * FIT_TOKENS_PER_REQUEST:
+            out[:] = map(operator.add, out, (c, c * r, c * t, c * r * r, c * r * t, c * t * t, s, r * s, t * s))
+    return out
+
+
+def fit_forward(moments: Sequence[float]) -> tuple[float, float, float] | None:
+    """``(a, per request, per token)`` seconds from :func:`forward_moments`; None where the forwards cannot tell
+    requests from tokens apart (every one ran a token a request: decode steps alone)."""
+    if len(moments) != 9 or moments[0] < 3:
+        return None
+    n, sr, st, srr, srt, stt, sy, sry, sty = moments
+    m = ((n, sr, st), (sr, srr, srt), (st, srt, stt))
+    det = _det(m)
+    scale = n * srr * stt
+    if scale <= 0 or abs(det) < 1e-9 * scale:
+        return None
+    v = (sy, sry, sty)
+    a, b, c = (_det(tuple(tuple(v[i] if j == col else m[i][j] for j in range(3)) for i in range(3))) / det
+               for col in range(3))
+    return a, b, c
+
+
+def _det(m: Sequence[Sequence[float]]) -> float:
+    return (m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1]) - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
+            + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0]))
 
 
 @dataclass(slots=True)
@@ -107,7 +145,7 @@ _STEP_ROW = operator.attrgetter(*STEP_FIELDS)
 _SUMMED = operator.itemgetter(*(StepBatch._fields.index(field) for _, field in _SOURCES[1:]))
 
 
-def _add_into(dst: list[int], src: Sequence[int]) -> None:
+def _add_into(dst: list[N], src: Sequence[N]) -> None:
     if len(dst) == len(src):
         dst[:] = map(operator.add, dst, src)
         return
@@ -181,7 +219,7 @@ class StepTimer:
 class Counts:
     """Counts of one interval: scalars, per-position arrays and step times by batch size."""
 
-    __slots__ = ("batches", "dt_per_pos", "per_pos", "scalars")
+    __slots__ = ("batches", "dt_per_pos", "moments", "per_pos", "scalars")
 
     def __init__(self) -> None:
         self.scalars = [0] * len(SCALARS)
@@ -189,6 +227,8 @@ class Counts:
         self.dt_per_pos: list[int] = []
         #: batch size -> its row, columns ``DECODE_STEPS`` .. ``FORWARD_TOKENS`` (a list added to in place)
         self.batches: dict[int, list[float]] = {}
+        #: The target's forwards of every shape, as :func:`forward_moments` sums them ([] before the first)
+        self.moments: list[float] = []
 
     def clear(self) -> None:
         """Back to zero, keeping the allocated lists."""
@@ -196,6 +236,7 @@ class Counts:
         self.per_pos[:] = [0] * len(self.per_pos)
         self.dt_per_pos[:] = [0] * len(self.dt_per_pos)
         self.batches.clear()
+        self.moments.clear()
 
     def add_steps(self, steps: StepBatch, timings: Sequence[Timing | None], contexts: Sequence[float]) -> None:
         """Add consecutive steps of one engine, each with its timing (None: untimed) and the tokens each of its
@@ -224,10 +265,14 @@ class Counts:
                 row[PREFILL_TOKENS] += generated
                 row[FIRST_TOKENS] += first
 
-    def add_forwards(self, forwards: Sequence[tuple[int, int, int, float]]) -> None:
-        """Add the target's forward passes timed since the last call: ``(requests, tokens, count, seconds)`` rows,
-        decode forwards only (the caller leaves out those that ran a prompt)."""
+    def add_forwards(self, forwards: Sequence[tuple[int, int, int, float]], decode_tokens: int) -> None:
+        """Add the target's forward passes timed since the last call: ``(requests, tokens, count, seconds)`` rows.
+        Every shape goes into the fit's sums; those of at most ``decode_tokens`` tokens a request (K + 1: the rest
+        ran a prompt) into their batch size's row."""
+        _add_into(self.moments, forward_moments(forwards))
         for requests, tokens, count, seconds in forwards:
+            if requests <= 0 or tokens > requests * decode_tokens:
+                continue
             row = self._row(requests)
             if row is None:
                 continue
@@ -247,6 +292,7 @@ class Counts:
         self.scalars[:] = map(operator.add, self.scalars, other.scalars)
         _add_into(self.per_pos, other.per_pos)
         _add_into(self.dt_per_pos, other.dt_per_pos)
+        _add_into(self.moments, other.moments)
         for b, row in other.batches.items():
             mine = self.batches.get(b)
             if mine is None:
@@ -285,7 +331,7 @@ class Counts:
             prefix_cache_queries=c["pc_queries"],
             prefix_cache_hits=c["pc_hits"],
             spec=spec,
-            step_times=StepProfile(times),
+            step_times=StepProfile(times, forward_moments=tuple(self.moments) if any(self.moments) else ()),
             prefills=c["prefills"],
         )
 

@@ -163,11 +163,13 @@ class Hub:
                     self._engine = replace(self._engine, num_speculative_tokens=k)
         self.requests.release_expired(steps.times[-1])
 
-    def record_forwards(self, engine_index: int, forwards: Sequence[tuple[int, int, int, float]]) -> None:
+    def record_forwards(self, engine_index: int, forwards: Sequence[tuple[int, int, int, float]],
+                        decode_tokens: int) -> None:
         """Add one engine's target forwards timed since the last call: ``(requests, tokens, count, seconds)`` rows
-        of decode forwards (:mod:`specscope.collectors.forward_timer`)."""
+        (:mod:`specscope.collectors.forward_timer`); those of at most ``decode_tokens`` (K + 1) tokens a request
+        are decode forwards."""
         if forwards:
-            self._streams.add_forwards(engine_index, self._clock(), forwards)
+            self._streams.add_forwards(engine_index, self._clock(), forwards, decode_tokens)
 
     # ----------------------------------------------------------------- readers
     def wait_idle(self, timeout: float = 5.0) -> bool:

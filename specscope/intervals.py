@@ -62,7 +62,8 @@ def _combine(a: Any, b: Any, sign: int) -> Any:
 
 
 def _profiles(a: StepProfile, b: StepProfile, sign: int) -> StepProfile:
-    """Step times by batch size: matched rows combined; subtracting drops a batch size with no new steps."""
+    """Step times by batch size: matched rows combined (subtracting drops a batch size with no new steps), and the
+    forward's fit sums."""
     other = {t.batch_size: t for t in b.times}
     rows: dict[int, StepTime] = {}
     for t in a.times:
@@ -78,4 +79,5 @@ def _profiles(a: StepProfile, b: StepProfile, sign: int) -> StepProfile:
         rows[t.batch_size] = row
     if sign > 0:
         rows.update(other)
-    return StepProfile(tuple(rows[k] for k in sorted(rows)), a.source, a.setup)
+    return StepProfile(tuple(rows[k] for k in sorted(rows)), a.source, a.setup,
+                       _combine(a.forward_moments, b.forward_moments, sign))

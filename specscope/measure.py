@@ -79,7 +79,8 @@ def measure_step_times(llm: Any, batch_sizes: Sequence[int], tokens: int = 64, r
         times.append(t)
     snap = llm.snapshot()
     more = f", {len(measured[0])} rounds: they disagreed" if len(measured[0]) > rounds else ""
-    return StepProfile(tuple(times), f"measured on {snap.engine.model}{more}", snap.engine.setup)
+    return StepProfile(tuple(times), f"measured on {snap.engine.model}{more}", snap.engine.setup,
+                       median_moments(measured[0], times))
 
 
 def live_baseline(calibrated: StepProfile, live: StepProfile) -> StepProfile:
@@ -90,7 +91,8 @@ def live_baseline(calibrated: StepProfile, live: StepProfile) -> StepProfile:
     slopes = {t.batch_size: t for t in calibrated.times}
     rows = tuple(replace(t, context_slope=c.context_slope, spread=c.spread) if (c := slopes.get(t.batch_size)) else t
                  for t in live.times if t.steps)
-    return StepProfile(rows, "the plain engine, alternated with this one on the same traffic", calibrated.setup)
+    return StepProfile(rows, "the plain engine, alternated with this one on the same traffic", calibrated.setup,
+                       live.forward_moments)
 
 
 def settled(rounds: Sequence[StepProfile], batch_sizes: Collection[int]) -> bool:
@@ -116,6 +118,20 @@ def median_rows(rounds: Sequence[StepProfile], batch_sizes: Collection[int]) -> 
         rows.append(StepTime(t.batch_size, t.steps, mean_s, context=t.context, spread=spread, forwards=t.forwards,
                              forward_s=forward_s, forward_tokens=t.forward_tokens if forward_s else 0.0))
     return rows
+
+
+def median_moments(rounds: Sequence[StepProfile], rows: Sequence[StepTime]) -> tuple[float, ...]:
+    """The rounds' forward fit sums pooled, their seconds scaled to the speed of ``rows`` (:func:`median_rows`: the
+    median round's step over the pooled rounds' mean step, weighted by steps), so that the forward then is the
+    machine's at the moment the rows' steps were."""
+    merged = merge_profiles(list(rounds))
+    pooled = {t.batch_size: t.mean_s for t in merged.times if t.steps}
+    at = [(t.steps * t.mean_s, t.steps * pooled[t.batch_size]) for t in rows if pooled.get(t.batch_size)]
+    moments, den = merged.forward_moments, sum(p for _, p in at)
+    if not moments or not den:
+        return moments
+    scale = sum(m for m, _ in at) / den
+    return (*moments[:6], *(x * scale for x in moments[6:]))
 
 
 def _contrast(llm: Any, reference: Sequence[Any], tokens: int, batch: int) -> list[Any]:

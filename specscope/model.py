@@ -183,6 +183,9 @@ class StepProfile:
     times: tuple[StepTime, ...] = ()
     source: str = "live"
     setup: EngineSetup | None = None
+    #: The target's forwards of every shape (decode, verify and short prompts) as the sums a least-squares fit of
+    #: their time over requests and tokens needs (:func:`specscope.counts.forward_moments`); () where none were timed.
+    forward_moments: tuple[float, ...] = ()
 
     def get(self, batch_size: int, min_steps: int = 3) -> StepTime | None:
         """The measurement at exactly ``batch_size`` when it has ``min_steps`` decode steps."""

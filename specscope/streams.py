@@ -36,11 +36,12 @@ class EngineStreams:
         with self._lock:
             self._stream(index).add_steps(steps)
 
-    def add_forwards(self, index: int, now: float, forwards: Sequence[tuple[int, int, int, float]]) -> None:
+    def add_forwards(self, index: int, now: float, forwards: Sequence[tuple[int, int, int, float]],
+                     decode_tokens: int) -> None:
         """Add the engine ``index``'s target forwards timed since the last call (:meth:`Counts.add_forwards`) to the
         second of ``now``, when they were read."""
         with self._lock:
-            self._stream(index).ring.bucket(int(now)).add_forwards(forwards)
+            self._stream(index).ring.bucket(int(now)).add_forwards(forwards, decode_tokens)
 
     def _stream(self, index: int) -> EngineStream:
         """The engine ``index``'s stream, made on its first numbers (the caller holds the lock)."""

@@ -10,6 +10,7 @@ import pytest
 
 from specscope import acceptance as acc
 from specscope.alerts.rules import BY_RULE, Thresholds
+from specscope.counts import fit_forward, forward_moments
 from specscope.hub import Hub
 from specscope.model import CostRatio, EngineInfo, StepProfile, StepTime
 from specscope.verdict import estimate, load_profile, measured_cost, save_profile, uncertainty
@@ -199,32 +200,70 @@ def test_a_k_other_than_the_running_one_carries_the_unknown_fixed_cost_of_a_step
     assert tokens_8 / (1 + 8 * 0.2 - 0.2 * 0.2) > est.low[8] >= tokens_8 / (1 + 8 * 0.2)
 
 
-def forward_baseline(scale: float = 1.0) -> StepProfile:
+def forward(requests: int, tokens: int) -> float:
+    """The target's forward on :func:`forward_baseline`'s machine: 2 ms, 0.05 ms a request, 0.15 ms a token."""
+    return 0.002 + 0.00005 * requests + 0.00015 * tokens
+
+
+def forward_baseline(scale: float = 1.0, prompts: bool = True) -> StepProfile:
     """Plain steps of 3.6, 4.0 and 6.0 ms at batch 1, 4 and 16 (times ``scale``: a machine that ran slower), each
-    with its target forward timed: 3.0, 3.4 and 5.2 ms at as many tokens as requests."""
-    return StepProfile(tuple(StepTime(b, 50, scale * t, forwards=50, forward_s=scale * f, forward_tokens=float(b))
-                             for b, t, f in ((1, 0.0036, 0.0030), (4, 0.0040, 0.0034), (16, 0.0060, 0.0052))),
-                       "b", SETUP)
+    with its target forwards timed: the decode steps', a token a request, and (with ``prompts``) the 20-token
+    prompts' before them."""
+    rows = [(b, b, 50, 50 * scale * forward(b, b)) for b in (1, 4, 16)]
+    rows += [(b, 20 * b, 1, scale * forward(b, 20 * b)) for b in (1, 4, 16) if prompts]
+    return StepProfile(tuple(StepTime(b, 50, scale * t, forwards=50, forward_s=scale * forward(b, b),
+                                      forward_tokens=float(b)) for b, t in ((1, 0.0036), (4, 0.0040), (16, 0.0060))),
+                       "b", SETUP, tuple(forward_moments(rows)))
+
+
+def test_the_forwards_fit_tells_a_requests_cost_from_a_tokens() -> None:
+    """Decode forwards (a token a request) and short prompts' give back the machine's costs exactly, summed over two
+    intervals as counts are; decode forwards alone cannot tell the two apart; a long prompt's forward (its attention
+    over itself grows faster than its tokens) is left out."""
+    decode = [(b, b, 40, 40 * forward(b, b)) for b in (1, 2, 4, 8)]
+    prompts = [(b, 12 * b, 1, forward(b, 12 * b)) for b in (1, 4)]
+    both = [x + y for x, y in zip(forward_moments(decode), forward_moments(prompts), strict=True)]
+    assert fit_forward(both) == pytest.approx((0.002, 0.00005, 0.00015))
+    assert fit_forward(forward_moments(decode)) is None
+    assert forward_moments([(1, 500, 1, 1.0)]) == [0.0] * 9
+    assert fit_forward(forward_moments(prompts[:1])) is None  # one forward says nothing
 
 
 def test_a_plain_step_is_priced_from_the_targets_forward_now(tmp_path: Path) -> None:
-    """The engine's target forward at batch 1 and K = 4 (5 tokens) runs 20% over the baseline's forward at 5 tokens
-    (3.4 ms at 4, 5.2 at 16: 3.55 ms): the machine is slower now, and the plain step is priced 20% over the
-    calibrated 3.6 ms, whatever the context. At batch 16 (80 tokens, past twice the 16 the baseline timed) the
-    baseline is priced as before. The forward's numbers survive the baseline's file."""
+    """The engine's target forward at batch 1 and K = 4 (one request of 5 tokens) runs 20% over what the
+    baseline's forwards (its prompts' and its decode steps') price that forward at: the machine is slower now, and
+    the plain step is priced 20% over the calibrated 3.6 ms, whatever the context; at batch 16 (80 tokens), 10%
+    over its 6 ms. A baseline that timed decode steps alone cannot tell a request's cost from a token's: it is
+    priced as before, as is a forward too small a share of its step. The forward's numbers survive the baseline's
+    file."""
     save_profile(forward_baseline(), tmp_path / "b.json")
     base = load_profile(tmp_path / "b.json")
     assert base.times == forward_baseline().times
+    assert base.forward_moments == pytest.approx(forward_baseline().forward_moments)
     clock = Clock()
     hub = speculative_hub(clock)  # speculative steps of 8 ms at batch 1, 30 ms at batch 16
+    hub.record_forwards(0, [(1, 5, 30, 30 * 1.2 * forward(1, 5)), (16, 80, 30, 30 * 1.1 * forward(16, 80)),
+                            (1, 40, 2, 0.02)], 5)  # and two prompts of 40 tokens
     hub.set_baseline(base)
-    then = 0.0034 + (0.0052 - 0.0034) / 12
-    hub.record_forwards(0, [(1, 5, 30, 30 * 1.2 * then), (16, 80, 30, 30 * 0.025)])
     snap = hub.snapshot()
+    assert next(t.forwards for t in snap.lifetime.step_times.times if t.batch_size == 1) == 30  # not the prompts
     one, sixteen = measured_cost(snap, 1), measured_cost(snap, 16)
     assert one is not None and one.anchored and one.value == pytest.approx((0.008 / (1.2 * 0.0036) - 1) / 4)
-    assert f"{1e3 * 1.2 * then:.1f} ms now at 5 tokens, {1e3 * then:.1f} ms calibrated" in one.source
-    assert sixteen is not None and not sixteen.anchored and sixteen.value == pytest.approx((0.030 / 0.0060 - 1) / 4)
+    assert (f"{1e3 * 1.2 * forward(1, 5):.1f} ms now for 1 request of 5.0 tokens, {1e3 * forward(1, 5):.1f} ms at "
+            "the calibration's speed") in one.source
+    assert sixteen is not None and sixteen.anchored
+    assert sixteen.value == pytest.approx((0.030 / (1.1 * 0.0060) - 1) / 4)
+    hub.set_baseline(forward_baseline(prompts=False))
+    decode_only = measured_cost(hub.snapshot(), 1)
+    assert decode_only is not None and not decode_only.anchored
+    assert decode_only.value == pytest.approx((0.008 / 0.0036 - 1) / 4)
+    # A forward a quarter of its speculative step (the draft's passes take the rest) does not stand for the
+    # machine: priced as before.
+    small = speculative_hub(Clock())
+    small.record_forwards(0, [(1, 5, 30, 30 * 0.002)], 5)
+    small.set_baseline(base)
+    share = measured_cost(small.snapshot(), 1)
+    assert share is not None and not share.anchored and share.value == pytest.approx((0.008 / 0.0036 - 1) / 4)
 
 
 def test_an_anchored_baseline_timed_on_a_slower_day_is_not_floored() -> None:
@@ -237,7 +276,7 @@ def test_an_anchored_baseline_timed_on_a_slower_day_is_not_floored() -> None:
     hub.set_baseline(forward_baseline(2.5))
     unanchored = estimate(hub.snapshot(), batch_size=1)
     assert unanchored is not None and unanchored.c == 0.25 and "ran slower" in unanchored.explain()
-    hub.record_forwards(0, [(1, 5, 30, 30 * (0.0034 + (0.0052 - 0.0034) / 12))])
+    hub.record_forwards(0, [(1, 5, 30, 30 * forward(1, 5))], 5)
     anchored = estimate(hub.snapshot(), batch_size=1)
     assert anchored is not None and anchored.c == pytest.approx((0.008 / 0.0036 - 1) / 4)
     assert "ran slower" not in anchored.explain() and "parameter share" not in anchored.explain()

@@ -229,15 +229,15 @@ def _wrap_module(module: Any) -> None:
 
 class ForwardDeltas:
     """The forwards each engine published since the last :meth:`since` (the stat logger's reader in the front
-    end), decode forwards only."""
+    end)."""
 
     def __init__(self, where: Path) -> None:
         self.directory = where
         self._last: dict[int, dict[tuple[int, int], tuple[int, float]]] = {}
 
-    def since(self, engine: int, max_tokens_per_request: int) -> list[tuple[int, int, int, float]]:
-        """``(requests, tokens, count, seconds)`` added since the last call for ``engine``, for forwards of at most
-        ``max_tokens_per_request`` tokens a request (K + 1: decode; more ran a prompt); [] where nothing was read."""
+    def since(self, engine: int) -> list[tuple[int, int, int, float]]:
+        """``(requests, tokens, count, seconds)`` added since the last call for ``engine``; [] where nothing was
+        read."""
         rows = read(self.directory / f"{engine}.forward.json")
         if rows is None:
             return []
@@ -249,6 +249,6 @@ class ForwardDeltas:
         out = []
         for (r, t), (c, s) in now.items():
             c0, s0 = last.get((r, t), (0, 0.0))
-            if c > c0 and r > 0 and t <= r * max_tokens_per_request:
+            if c > c0 and r > 0:
                 out.append((r, t, c - c0, s - s0))
         return out

@@ -155,7 +155,7 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
             if self.forwards is not None:  # also when this process got no steps: they may be another's
                 try:
                     for engine in self.engine_indexes:
-                        self.hub.record_forwards(engine, self.forwards.since(engine, self._decode_tokens))
+                        self.hub.record_forwards(engine, self.forwards.since(engine), self._decode_tokens)
                 except Exception as exc:
                     self.hub.health.count_error("forward times", exc)
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import threading
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
 from specscope import intervals
 from specscope.model import (
@@ -46,11 +48,13 @@ def usable_baseline(snap: Snapshot) -> StepProfile | None:
 def save_profile(profile: StepProfile, path: str | Path) -> None:
     """Write step times and the setup they were measured on as a baseline file (JSON) for :func:`load_profile`."""
     setup = profile.setup or EngineSetup()
-    doc = {"setup": asdict(setup),
+    doc: dict[str, Any] = {"setup": asdict(setup),
            "step_times": [{"batch_size": t.batch_size, "steps": t.steps, "mean_s": t.mean_s, "context": t.context,
                            "context_slope": t.context_slope, "spread": t.spread}
                           | ({"forwards": t.forwards, "forward_s": t.forward_s, "forward_tokens": t.forward_tokens}
                              if t.forwards else {}) for t in profile.times]}
+    if profile.forward_moments:
+        doc["forward_moments"] = list(profile.forward_moments)
     Path(path).write_text(json.dumps(doc, indent=1) + "\n")
 
 
@@ -68,6 +72,7 @@ def load_profile(path: str | Path) -> StepProfile:
                                spread=float(t.get("spread", 0.0)), forwards=int(t.get("forwards", 0)),
                                forward_s=float(t.get("forward_s", 0.0)),
                                forward_tokens=float(t.get("forward_tokens", 0.0))) for t in doc["step_times"])
+        moments = tuple(float(x) for x in doc.get("forward_moments", ()))
         raw = doc.get("setup") or {}
         setup = EngineSetup(**{k: v for k, v in raw.items() if k in EngineSetup.__dataclass_fields__}) if raw else None
     except OSError as exc:
@@ -79,8 +84,10 @@ def load_profile(path: str | Path) -> StepProfile:
     if any(min(t.context, t.context_slope, t.spread, t.forwards, t.forward_s, t.forward_tokens) < 0 for t in times):
         raise ValueError(f"{path} is not a usable baseline: context, context_slope, spread and the forward's "
                          "numbers cannot be negative")
+    if moments and (len(moments) != 9 or not all(math.isfinite(x) for x in moments)):
+        raise ValueError(f"{path} is not a usable baseline: forward_moments must be 9 finite numbers")
     name = setup.model if setup else doc.get("model")
-    return StepProfile(times, f"baseline {Path(path).name}" + (f" of {name}" if name else ""), setup)
+    return StepProfile(times, f"baseline {Path(path).name}" + (f" of {name}" if name else ""), setup, moments)
 
 
 class Baseline:

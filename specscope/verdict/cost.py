@@ -3,10 +3,10 @@ modelled for model-free methods, or estimated from the configs."""
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from typing import Any
 
+from specscope.counts import fit_forward
 from specscope.model import (
     CostRatio,
     Snapshot,
@@ -76,39 +76,46 @@ def at_least_share(snap: Snapshot, value: float) -> tuple[float, str]:
     return share, f"{value:.2f} measured, under the draft's parameter share: priced at the share, {share:.2f}"
 
 
-#: How far past the most tokens a baseline timed the forward at it is extended along its last segment (a decode
-#: step at batch b and K runs b·(K+1) tokens; a calibration to batch 16 times up to 16).
+#: How far past the largest batch size a baseline was calibrated at its forward's fit is extended.
 FORWARD_REACH = 2.0
+#: The least share of a speculative step the target's forward must take for its speed to stand for the machine's.
+#: Where the draft's passes take most of the step (a draft as large as its target), the forward runs slower than
+#: the same machine runs it in a plain engine: the tiny pair's, 15-19% of its step, ran 20-30% over its calibrated
+#: fit at every shape while the plain engine served 6% under its calibration (deep01's, 55-73%: 5-7%).
+MIN_FORWARD_SHARE = 1 / 3
 
 
-def forward_at(base: StepProfile, tokens: float) -> float | None:
-    """The baseline's target forward at ``tokens`` (a plain decode step at batch b runs b): interpolated between its
-    timed batch sizes, extended along the last segment up to :data:`FORWARD_REACH` times the most it timed; None
-    outside that, or without two timed batch sizes."""
-    pts = sorted((t.forward_tokens, t.forward_s) for t in base.times if t.forwards >= MIN_STEPS and t.forward_s > 0)
-    if len(pts) < 2 or not pts[0][0] <= tokens <= FORWARD_REACH * pts[-1][0]:
+def forward_at(base: StepProfile, requests: int, tokens: float) -> float | None:
+    """The baseline's target forward for ``requests`` requests running ``tokens`` tokens in all (a plain decode step
+    at batch b runs b, a speculative one b·(K+1)), from the fit over every forward its calibration timed, prompts
+    and decode steps (:func:`specscope.counts.fit_forward`); None without a fit, past :data:`FORWARD_REACH` times
+    its largest batch size, or where the fit says a token costs nothing."""
+    fit = fit_forward(base.forward_moments)
+    largest = max((t.batch_size for t in base.times if t.steps >= MIN_STEPS), default=0)
+    if fit is None or requests > FORWARD_REACH * largest:
         return None
-    for (x0, y0), (x1, y1) in itertools.pairwise(pts):
-        if tokens <= x1 or (x1, y1) == pts[-1]:
-            return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0) if x1 > x0 else y1
-    return None
+    a, per_request, per_token = fit
+    value = a + per_request * requests + per_token * tokens
+    return value if per_token > 0 and value > 0 else None
 
 
 def plain_step(snap: Snapshot, base: StepProfile, batch_size: int) -> tuple[float | None, str, bool]:
     """The target's plain decode step at ``batch_size`` now: ``(seconds, how it was priced, anchored)``.
 
-    Where the live engine's target forward is timed at this batch size and the baseline timed the forward at as
-    many tokens (:func:`forward_at`), the baseline's step scaled by the forward now over the forward then: the
-    machine's speed at this moment and the live context both enter through the forward, a steady share of a step
-    (anchored). Otherwise the baseline's step priced at the live context (:func:`live_context`)."""
+    Where the live engine's target forward is timed at this batch size, takes :data:`MIN_FORWARD_SHARE` of its
+    step or more, and the baseline's forwards price the same forward (:func:`forward_at`), the baseline's step
+    scaled by the forward now over the forward then: the machine's speed at this moment and the live context both
+    enter through the forward, a steady share of a step (anchored). Otherwise the baseline's step priced at the
+    live context (:func:`live_context`)."""
     live = steps_at(snap, batch_size)
     t_cal = base.at(batch_size, MIN_STEPS)
-    if live is not None and live.forwards >= MIN_STEPS and t_cal:
-        then = forward_at(base, live.forward_tokens)
+    if live is not None and live.forwards >= MIN_STEPS and t_cal and live.forward_s >= MIN_FORWARD_SHARE * live.mean_s:
+        then = forward_at(base, batch_size, live.forward_tokens)
         if then:
             return (t_cal * live.forward_s / then,
-                    f" (priced from the target's forward: {1e3 * live.forward_s:.1f} ms now at "
-                    f"{live.forward_tokens:.0f} tokens, {1e3 * then:.1f} ms calibrated)", True)
+                    f" (priced from the target's forward: {1e3 * live.forward_s:.1f} ms now for {batch_size} "
+                    f"request{'s' if batch_size > 1 else ''} of {live.forward_tokens / batch_size:.1f} tokens, "
+                    f"{1e3 * then:.1f} ms at the calibration's speed)", True)
     context = live_context(snap, batch_size)
     return base.at(batch_size, MIN_STEPS, context), _priced_at(base, batch_size, context), False
 

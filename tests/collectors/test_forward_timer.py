@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from specscope.collectors import forward_timer
+from specscope.counts import FORWARDS, Counts
 
 
 def runner_class() -> type:
@@ -70,14 +71,18 @@ def test_each_forward_is_summed_by_batch_and_tokens_published_privately_and_read
     assert set(by_key) == {(4, 4), (4, 20), (4, 41)} and by_key[(4, 4)][0] == 3 and by_key[(4, 20)][0] == 1
     assert 0.03 <= by_key[(4, 4)][1] < 0.3 and 0.01 <= by_key[(4, 20)][1] < 0.1  # 10 ms a call
     assert os.stat(path).st_mode & 0o077 == 0
-    first = {(r, t): c for r, t, c, _ in reader.since(1, 5)}
-    assert first == {(4, 4): 3, (4, 20): 1}  # the prompt's forward is left out
+    first = reader.since(1)
+    assert {(r, t): c for r, t, c, _ in first} == {(4, 4): 3, (4, 20): 1, (4, 41): 1}
+    # Into an interval's counts at K = 4: the decode forwards at batch 4, the prompt's into the fit's sums only.
+    counts = Counts()
+    counts.add_forwards(first, 5)
+    assert counts.batches[4][FORWARDS] == 4 and counts.moments[0] == 5
     runner._model_forward(positions=positions(4))
     wait_for(path, 6)
-    assert [(r, t, c) for r, t, c, _ in reader.since(1, 5)] == [(4, 4, 1)]  # only what is new
-    assert reader.since(0, 5) == []  # no such engine
+    assert [(r, t, c) for r, t, c, _ in reader.since(1)] == [(4, 4, 1)]  # only what is new
+    assert reader.since(0) == []  # no such engine
     os.chmod(path, 0o644)  # a file others can read is never taken
-    assert forward_timer.read(path) is None and reader.since(1, 5) == []
+    assert forward_timer.read(path) is None and reader.since(1) == []
 
 
 def test_a_gpu_runner_or_one_with_no_directory_passes_through_untimed(fast: None, tmp_path: Path,

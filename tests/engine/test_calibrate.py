@@ -11,6 +11,7 @@ import pytest
 
 from specscope import tiny_models
 from specscope.cli import main
+from specscope.counts import fit_forward
 from specscope.verdict import load_profile
 from tests.conftest import ENGINE_KW
 
@@ -41,6 +42,12 @@ def test_calibrate_command_writes_a_baseline_with_its_setup(tiny: Any, engines: 
     # The target's forward, timed in the engine's process: a share of each step, at as many tokens as requests.
     assert all(t.forwards >= 2 * 22 and 0 < t.forward_s < t.mean_s and t.forward_tokens == t.batch_size
                for t in profile.times), profile.times
+    # Its forwards of every shape (the prompts' too) fit over requests and tokens: a token costs something, and
+    # the fit prices each batch size's decode forward near the one timed there.
+    fit = fit_forward(profile.forward_moments)
+    assert fit is not None and fit[2] > 0, (fit, profile.forward_moments)
+    for t in profile.times:
+        assert fit[0] + (fit[1] + fit[2]) * t.batch_size == pytest.approx(t.forward_s, rel=0.25), (fit, t)
     setup = profile.setup
     assert setup is not None and setup.model == str(tiny["target"])
     assert setup.dtype == "float32" and setup.device is not None and setup.device.startswith("cpu")
