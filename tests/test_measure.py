@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 
 import pytest
 
-from specscope.measure import median_rows, settled
+from specscope.counts import fit_forward, forward_moments
+from specscope.measure import median_moments, median_rows, settled
 from specscope.model import StepProfile, StepTime
+from tests.test_uncertainty import forward
 
 
 def test_a_row_is_its_median_round_with_the_rounds_spread_and_pooled_steps() -> None:
@@ -37,3 +40,20 @@ def test_rounds_are_settled_when_their_median_is_sure_at_every_batch_size() -> N
     # Every batch size must be: a quiet batch 1 beside a noisy batch 8 is not.
     both = [StepProfile(q.times + n.times, "r") for q, n in zip(rounds(0.0, 3), rounds(0.2, 3, 8), strict=True)]
     assert not settled(both, (1, 8)) and settled(both, (1,))
+
+
+def test_the_rounds_forward_sums_are_pooled_at_the_median_rounds_speed() -> None:
+    """Two rounds of the same forwards, the second timed on a machine running twice as slow: pooled, and priced at
+    the speed the rows' median step says (here round one's, a third under the pooled mean)."""
+    def round_(slow: float) -> StepProfile:
+        rows = [(1, 1, 40, 40 * slow * forward(1, 1)), (4, 4, 40, 40 * slow * forward(4, 4)),
+                (4, 48, 2, 2 * slow * forward(4, 48))]
+        return StepProfile((StepTime(1, 40, slow * 0.004), StepTime(4, 40, slow * 0.005)), "r",
+                           forward_moments=tuple(forward_moments(rows)))
+
+    rounds = [round_(1.0), round_(2.0)]
+    # Two rounds' median is their mean, 1.5 times round one's: rows as if a third round had made it round one's.
+    rows = [replace(t, mean_s=t.mean_s / 1.5) for t in median_rows(rounds, (1, 4))]
+    fit = fit_forward(median_moments(rounds, rows))
+    assert fit is not None and fit[0] + fit[1] * 4 + fit[2] * 20 == pytest.approx(forward(4, 20))
+    assert median_moments(rounds, [])[0] == 2 * 82  # no rows to scale by: pooled as timed
