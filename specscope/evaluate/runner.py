@@ -157,7 +157,7 @@ class Runner:
         """Rounds of plain and speculative throughput at each batch size (which goes first alternating); returns
         the hub that recorded the speculative engine's measured runs, and the plain engine's step times in them."""
         import specscope
-        from specscope.measure import PromptOrder, median_moments, median_rows, steady_throughput
+        from specscope.measure import PromptOrder, median_rows, steady_throughput
 
         self._warm(spec, work, sizes)
         hub = specscope.Hub(window_s=3600, max_requests=100_000)
@@ -184,9 +184,9 @@ class Runner:
                               f"(plain {tok_s['plain']:.0f} tok/s, speculative {tok_s['spec']:.0f}); {self.left()}")
             plain_rounds.append(intervals.since(self.plain.snapshot().lifetime.step_times, before))
         setup = self.plain.snapshot().engine.setup
-        rows = median_rows(plain_rounds, sizes)
-        return hub, StepProfile(tuple(rows), "the target without speculation, alternated with this one on the "
-                                "workload", setup, median_moments(plain_rounds, rows))
+        # No fit of the forward: timed in the same moments as the candidate, the baseline needs no anchor.
+        return hub, StepProfile(tuple(median_rows(plain_rounds, sizes)),
+                                "the target without speculation, alternated with this one on the workload", setup)
 
     def _predict(self, cand: Candidate, run: KRun, hub: Any, plain: StepProfile, sizes: Sequence[int]) -> None:
         """specscope's estimate of the run against ``plain``, the target's step times without speculation in the same
