@@ -39,7 +39,7 @@ def forward_moments(forwards: Sequence[tuple[int, int, int, float]]) -> list[flo
     :data:`FIT_TOKENS_PER_REQUEST` tokens a request). Sums add and subtract over intervals like every count."""
     out = [0.0] * 9
     for r, t, c, s in forwards:
-        if r > 0 and t <= r * FIT_TOKENS_PER_REQUEST:
+        if t <= r * FIT_TOKENS_PER_REQUEST:
             out[:] = map(operator.add, out, (c, c * r, c * t, c * r * r, c * r * t, c * t * t, s, r * s, t * s))
     return out
 
@@ -271,7 +271,7 @@ class Counts:
         ran a prompt) into their batch size's row."""
         _add_into(self.moments, forward_moments(forwards))
         for requests, tokens, count, seconds in forwards:
-            if requests <= 0 or tokens > requests * decode_tokens:
+            if tokens > requests * decode_tokens:
                 continue
             row = self._row(requests)
             if row is None:
