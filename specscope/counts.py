@@ -97,6 +97,9 @@ class StepStats:
     #: the step's duration).
     first_tokens: int = 0
     first_token_s: float | None = None
+    #: Of a pure decode step's requests, those this process holds the numbers of, where vLLM split them among
+    #: several API-server processes; None: all of them.
+    seen: int | None = None
 
 
 class StepBatch(NamedTuple):
@@ -126,6 +129,7 @@ class StepBatch(NamedTuple):
     prefill: Sequence[bool]
     first_tokens: Sequence[int]
     first_token_s: Sequence[float | None]
+    seen: Sequence[int | None]
 
     @classmethod
     def of(cls, steps: Sequence[tuple[float, StepStats]]) -> StepBatch:
@@ -246,8 +250,9 @@ class Counts:
         if any(drafts):
             _add_into(self.per_pos, _column_sums(list(itertools.compress(steps.accepted_per_pos, drafts))))
             _add_into(self.dt_per_pos, _column_sums(list(itertools.compress(steps.draft_tokens_per_pos, drafts))))
-        for timing, generated, first, context in zip(timings, steps.generation_tokens, steps.first_tokens, contexts,
-                                                     strict=True):
+        for timing, generated, first, context, seen, accepted, drafted in zip(
+                timings, steps.generation_tokens, steps.first_tokens, contexts, steps.seen, steps.accepted, drafts,
+                strict=True):
             if timing is None:
                 continue
             batch, seconds, decode = timing
@@ -257,7 +262,8 @@ class Counts:
             if decode:
                 row[DECODE_STEPS] += 1
                 row[DECODE_S] += seconds
-                row[DECODE_TOKENS] += generated
+                # A step seen in part: every request verified its drafts, and produced its accepted tokens and one.
+                row[DECODE_TOKENS] += generated if seen is None else accepted + drafted
                 row[DECODE_CONTEXT] += context
             else:
                 row[PREFILL_STEPS] += 1
@@ -300,9 +306,12 @@ class Counts:
             else:
                 mine[:] = map(operator.add, mine, row)
 
-    def totals(self, seconds: float, k: int | None, spreads: dict[int, float] | None = None) -> Totals:
+    def totals(self, seconds: float, k: int | None, spreads: dict[int, float] | None = None,
+               forwards_alone: bool = False) -> Totals:
         """The interval as an immutable :class:`Totals`; speculative counts only when ``k`` is known; ``spreads``:
-        each batch size's moment-to-moment spread of its decode-step time (:func:`moment_spread`)."""
+        each batch size's moment-to-moment spread of its decode-step time (:func:`moment_spread`).
+        ``forwards_alone``: keep the batch sizes this process timed forwards at but got no steps of (another
+        API-server process may have them; :func:`specscope.merge.merge` drops those nobody stepped at)."""
         spreads = spreads or {}
         c = dict(zip(SCALARS, self.scalars, strict=True))
         spec = None
@@ -320,7 +329,7 @@ class Counts:
                                ctx / n if n else 0.0, spread=spreads.get(b, 0.0), forwards=int(fn),
                                forward_s=fs / fn if fn else 0.0, forward_tokens=ftok / fn if fn else 0.0)
                       for b, (n, t, tok, pn, ps, ptok, first, ctx, fn, fs, ftok) in sorted(self.batches.items())
-                      if n or pn)  # forwards read after their steps left the interval are not a batch size of it
+                      if n or pn or (fn and forwards_alone))  # else forwards whose steps left the interval
         return Totals(
             seconds=seconds,
             steps=c["steps"],

@@ -181,14 +181,16 @@ class Hub:
         """The server's snapshot: this process's, merged with its other API-server processes' where shared.
         ``window_s``: the window's length (default: the hub's); beyond the kept history the window is all of it.
         Other processes' windows are the ones they published (their hubs' own)."""
-        own = self.local_snapshot(window_s)
         if self._share is None:
-            return own
-        return merge([own, *self._share.others()], self.requests.max_requests, self.requests.max_classes)
+            return self.local_snapshot(window_s)
+        return merge([self.local_snapshot(window_s, forwards_alone=True), *self._share.others()],
+                     self.requests.max_requests, self.requests.max_classes)
 
-    def local_snapshot(self, window_s: float | None = None) -> Snapshot:
+    def local_snapshot(self, window_s: float | None = None, forwards_alone: bool = False) -> Snapshot:
         """An immutable view of everything this process recorded: the engines' sums, and each engine on its own
-        (``window_s``: as in :meth:`snapshot`)."""
+        (``window_s``: as in :meth:`snapshot`; ``forwards_alone``: for other API-server processes to merge, the
+        batch sizes this one timed the target's forward at without getting their steps, as in
+        :meth:`~specscope.counts.Counts.totals`)."""
         self._pending.flush()
         gpu, health, unavailable = self._gpu.last, self.health.freeze(), self.health.unavailable()
         baseline, baseline_problem = self._baseline.state
@@ -196,7 +198,7 @@ class Hub:
             now, info, window_start = self._clock(), self._engine, self._window_start
             span = self._window_s if window_s is None else min(window_s, self._streams.ring_size - 1)
         window_len = min(span, now - window_start)
-        streams = self._streams.read(now, span, window_len, now - self._started, info)
+        streams = self._streams.read(now, span, window_len, now - self._started, info, forwards_alone)
         engines = streams.engines
         return Snapshot(
             time=now,

@@ -162,9 +162,13 @@ _HISTOGRAMS = ("request_acceptance_rate", "request_acceptance_length", "request_
 
 def merge(snaps: Sequence[Snapshot], max_requests: int = 1000,
           max_classes: int = classes.MAX_CLASSES) -> Snapshot:
-    """One snapshot of a server from its processes' snapshots (the first is this process's own, fresh one)."""
+    """One snapshot of a server from its processes' snapshots (the first is this process's own, fresh one).
+
+    The target's forwards are read by one process, while each step goes to the process vLLM handed its stats to:
+    forwards timed at a batch size join its steps from any process, and a batch size no process stepped at is
+    dropped (:func:`_stepped`)."""
     if len(snaps) == 1:
-        return snaps[0]
+        return _stepped(snaps[0])
     first = snaps[0]
     snaps = [first, *(_aged(s) if first.time - s.time > STALE_S else s for s in snaps[1:])]
     life, window = first.lifetime, first.window
@@ -185,7 +189,7 @@ def merge(snaps: Sequence[Snapshot], max_requests: int = 1000,
         health = _add_health(health, Health(((DROPPED_HISTOGRAM, len(dropped)),),
                                             last_error=f"{DROPPED_HISTOGRAM}: {', '.join(sorted(set(dropped)))}"))
     merged_classes, folded = _add_classes(snaps, max_classes)
-    return replace(
+    return _stepped(replace(
         first,
         time=max(s.time for s in snaps),
         started_at=min(s.started_at for s in snaps),
@@ -209,7 +213,21 @@ def merge(snaps: Sequence[Snapshot], max_requests: int = 1000,
         folded_classes=sum(s.folded_classes for s in snaps) + folded,
         processes=sum(s.processes for s in snaps),
         capture=_add_capture([s.capture for s in snaps if s.capture is not None]),
-    )
+    ))
+
+
+def _stepped(snap: Snapshot) -> Snapshot:
+    """``snap`` without the batch sizes that have forwards but no steps (``Hub.local_snapshot(forwards_alone=True)``),
+    in its sums and in each engine's."""
+
+    def totals(t: Totals) -> Totals:
+        times = t.step_times.times
+        kept = tuple(r for r in times if r.steps or r.prefill_steps)
+        return t if len(kept) == len(times) else replace(t, step_times=replace(t.step_times, times=kept))
+
+    return replace(snap, lifetime=totals(snap.lifetime), window=totals(snap.window),
+                   engines=tuple(replace(e, lifetime=totals(e.lifetime), window=totals(e.window))
+                                 for e in snap.engines))
 
 
 def _add_capture(parts: list[CaptureStatus]) -> CaptureStatus | None:

@@ -169,7 +169,7 @@ class ProcessShare:
                 self._count(exc)
 
     def _publish(self) -> None:
-        snap = self._local.local_snapshot()
+        snap = self._local.local_snapshot(forwards_alone=True)
         data = b"".join(codec.encode(replace(snap, requests=snap.requests[-PUBLISHED_REQUESTS:])))
         private.replace_file(self.directory / f"{self.rank}.json", data)
 

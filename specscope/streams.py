@@ -64,9 +64,10 @@ class EngineStreams:
             for stream in self._streams.values():
                 stream.ring.clear()
 
-    def read(self, now: float, span: float, window_len: float, age: float, info: EngineInfo) -> StreamsView:
+    def read(self, now: float, span: float, window_len: float, age: float, info: EngineInfo,
+             forwards_alone: bool = False) -> StreamsView:
         """The sums and engines: windows of the last ``span`` seconds up to ``now`` (rates over ``window_len``),
-        lifetimes over ``age`` seconds."""
+        lifetimes over ``age`` seconds (``forwards_alone``: as in :meth:`Counts.totals`)."""
         k = info.num_speculative_tokens
         life, window = Counts(), Counts()
         engines = []
@@ -78,10 +79,12 @@ class EngineStreams:
                 life.add(lifetime)
                 window.add(w)
                 spreads = _spreads([stream.ring], second, seconds)
-                engines.append(stream.view(index, info, lifetime.totals(age, k), w.totals(window_len, k, spreads)))
+                engines.append(stream.view(index, info, lifetime.totals(age, k, None, forwards_alone),
+                                           w.totals(window_len, k, spreads, forwards_alone)))
             if len(self._streams) > 1:
                 spreads = _spreads([s.ring for s in self._streams.values()], second, seconds)
-        return StreamsView(life.totals(age, k), window.totals(window_len, k, spreads), tuple(engines))
+        return StreamsView(life.totals(age, k, None, forwards_alone),
+                           window.totals(window_len, k, spreads, forwards_alone), tuple(engines))
 
 
 def _spreads(rings: list[Ring], second: int, seconds: int) -> dict[int, float]:
@@ -138,13 +141,15 @@ class EngineStream:
 
     def _contexts(self, steps: StepBatch) -> list[float]:
         """Each step's tokens per request it attended over (the live requests' prompts and outputs before the step,
-        over its batch; 0.0 where unknown), as the KV estimate is carried forward step by step."""
+        over its batch, or over the requests this process saw of it; 0.0 where unknown), as the KV estimate is
+        carried forward step by step."""
         live = self.live_tokens
         out = []
-        for running, waiting, batch, prompt, generated, finished in zip(
-                steps.running, steps.waiting, steps.batch, steps.prompt_tokens, steps.generation_tokens,
+        for running, waiting, batch, seen, prompt, generated, finished in zip(
+                steps.running, steps.waiting, steps.batch, steps.seen, steps.prompt_tokens, steps.generation_tokens,
                 steps.finished_tokens, strict=True):
-            out.append(live / batch if batch and live >= batch else 0.0)
+            mine = batch if seen is None else seen  # the requests whose tokens ``live`` counts
+            out.append(live / mine if mine and live >= mine else 0.0)
             if running == 0 and not waiting:
                 live = 0  # this engine is idle: nothing can be held, whatever the estimate drifted to
                 continue

@@ -115,6 +115,31 @@ def test_merge_adds_counts_and_takes_each_engines_freshest_gauges() -> None:
     assert merged.request_duration is not None and merged.request_duration.count == 2
 
 
+def test_forwards_read_by_one_process_join_the_steps_another_got() -> None:
+    """vLLM hands a step's stats to one API-server process, and one process reads the engine's forward times: the
+    merged snapshot has both at each batch size, from whichever process; a batch size nobody stepped at is none."""
+    clock = Clock()
+    reader, stepper = Hub(clock=clock), Hub(clock=clock)
+    for hub in (reader, stepper):
+        hub.set_engine(EngineInfo(model="m", method="draft_model", num_speculative_tokens=4, block_size=16,
+                                  num_blocks=101))
+    for _ in range(3):
+        clock.t += 0.02
+        stepper.record_step(step(4, 0.4, 2), engine_index=1)
+    reader.record_step(step(2, 0.2, 1), engine_index=0)
+    reader.record_forwards(1, [(4, 20, 3, 0.03), (6, 30, 1, 0.02)], 5)  # batch 6: steps nobody got (yet)
+    reader.record_forwards(0, [(2, 10, 1, 0.005)], 5)
+    alone = reader.local_snapshot()
+    assert [e.lifetime.step_times.times for e in alone.engines if e.index == 1] == [()]  # its own view: no steps
+    merged = merge([reader.local_snapshot(forwards_alone=True), stepper.local_snapshot(forwards_alone=True)])
+    rows = {e.index: [(t.batch_size, t.steps, t.forwards) for t in e.lifetime.step_times.times]
+            for e in merged.engines}
+    assert rows == {0: [(2, 1, 1)], 1: [(4, 3, 3)]}
+    assert [(t.batch_size, t.steps, t.forwards) for t in merged.lifetime.step_times.times] == [(2, 1, 1), (4, 3, 3)]
+    (row,) = [t for t in merged.engines[1].lifetime.step_times.times]
+    assert row.forward_s == pytest.approx(0.01) and row.forward_tokens == 20
+
+
 def test_a_gone_process_keeps_its_lifetime_counts_but_its_window_ages_out() -> None:
     """A process that stopped publishing (dead) for longer than STALE_S: its steps and requests stay in the
     lifetime counts, none of them in the window (overall, per engine, per class), and its gauges lose to any live

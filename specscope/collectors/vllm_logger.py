@@ -193,20 +193,21 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
 
     def _read(self, rows: list[_Kept], missing: list[str]) -> StepBatch:
         """The steps of ``rows`` (one engine's); a step vLLM filled in a way this reader cannot read costs that step
-        alone."""
+        alone. With several API-server processes each holds only its own requests' part of a step."""
+        partial = self.hub.server_processes > 1
         try:
             return vllm_reader.read_steps([r.time for r in rows], [r.scheduler for r in rows],
-                                          [r.iteration for r in rows], missing)
+                                          [r.iteration for r in rows], missing, partial)
         except Exception:
             readable = []
             for row in rows:
                 try:
-                    vllm_reader.read_steps([row.time], [row.scheduler], [row.iteration])
+                    vllm_reader.read_steps([row.time], [row.scheduler], [row.iteration], partial=partial)
                     readable.append(row)
                 except Exception as exc:
                     self.hub.health.count_error("stat logger step", exc)
             return vllm_reader.read_steps([r.time for r in readable], [r.scheduler for r in readable],
-                                          [r.iteration for r in readable], missing)
+                                          [r.iteration for r in readable], missing, partial)
 
     def log_engine_initialized(self) -> None:
         """Re-read the configuration: the KV block count is known once the engine is up."""

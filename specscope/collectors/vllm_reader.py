@@ -295,7 +295,7 @@ def version_warning(version: str | None) -> str | None:
 
 
 def read_steps(times: Sequence[float], scheduler_stats: Sequence[Any], iteration_stats: Sequence[Any],
-               missing: list[str] | None = None) -> StepBatch:
+               missing: list[str] | None = None, partial: bool = False) -> StepBatch:
     """Consecutive engine steps' numbers, as vLLM's own Prometheus logger counts them, plus their timing, column by
     column (each step's stats objects, or None, at the same index as its time).
 
@@ -303,6 +303,10 @@ def read_steps(times: Sequence[float], scheduler_stats: Sequence[Any], iteration
     after a previous step's (equal inter-token intervals, all measured in the engine core): then that interval is
     the step's duration. A request in a chunked prefill produces nothing, so such steps are never pure decode.
     Every field has a default: one that vLLM renamed is named in ``missing`` and costs only itself.
+
+    ``partial``: this process is one of several API-server processes, and holds only its own requests' numbers of
+    each step (vLLM hands the step's scheduler stats to one of them). The requests it cannot see may be another
+    process's or in prefill; the engine-wide counts tell them apart (:func:`_timing`).
     """
     running, waiting, kv_usage, pcs, sds = _SCHEDULER.columns(scheduler_stats, missing)
     if scheduler_stats and getattr(scheduler_stats[0], "num_skipped_waiting_reqs", None) is not None:
@@ -317,14 +321,18 @@ def read_steps(times: Sequence[float], scheduler_stats: Sequence[Any], iteration
     finished_tokens = [sum(sum(_FINISHED_TOKENS.read(r, missing)) for r in f) if f else 0 for f in finished]
     # Each step's batch, whether it carried prefill, and a pure decode step's duration.
     timing = [_timing(*step) for step in zip(running, n_finished, itl, ttft, strict=True)]
-    batch, decode_s, prefill, first_tokens, first_token_s = zip(*timing, strict=True) if timing else [()] * 5
+    if partial:
+        timing = [_partial_timing(t, *step) for t, *step in zip(timing, running, n_finished, itl, drafts, pc_queries,
+                                                               strict=True)]
+    batch, decode_s, prefill, first_tokens, first_token_s, seen = (zip(*timing, strict=True) if timing
+                                                                   else [()] * 6)
     return StepBatch(
         times=times, running=running, waiting=waiting, kv_usage=kv_usage, preemptions=preempted,
         prefix_cache_queries=pc_queries, prefix_cache_hits=pc_hits, prompt_tokens=prompt, generation_tokens=generated,
         finished=n_finished, finished_tokens=finished_tokens, num_spec_tokens=k, drafts=drafts,
         draft_tokens=draft_tokens, accepted=accepted, accepted_per_pos=per_pos, draft_tokens_per_pos=dt_per_pos,
         rejections=rejected, batch=batch, decode_s=decode_s, prefill=prefill, first_tokens=first_tokens,
-        first_token_s=first_token_s)
+        first_token_s=first_token_s, seen=seen)
 
 
 def _whole_spec(*columns: Sequence[Any]) -> list[Sequence[Any]]:
@@ -337,24 +345,47 @@ def _whole_spec(*columns: Sequence[Any]) -> list[Sequence[Any]]:
             for column, default in zip(columns, _NO_SPEC, strict=True)]
 
 
-_UNTIMED = (None, None, False, 0, None)
+_Timing = tuple[int | None, float | None, bool, int, float | None, int | None]
+_UNTIMED: _Timing = (None, None, False, 0, None, None)
 
 
 def _timing(running: int | None, finished: int, itl: Sequence[float] | None,
-            ttft: Sequence[float] | None) -> tuple[int | None, float | None, bool, int, float | None]:
-    """``(batch, decode_s, prefill, first_tokens, first_token_s)`` of one step (see :func:`read_steps`)."""
+            ttft: Sequence[float] | None) -> _Timing:
+    """``(batch, decode_s, prefill, first_tokens, first_token_s, seen)`` of one step (see :func:`read_steps`);
+    ``seen`` is None: the process saw all of the step's requests."""
     if running is None or itl is None or ttft is None:
         return _UNTIMED
     batch = running + finished
     if ttft:
-        return batch, None, True, len(ttft), min(ttft)
+        return batch, None, True, len(ttft), min(ttft), None
     if len(itl) < batch:
-        return batch, None, True, 0, None
+        return batch, None, True, 0, None, None
+    return batch, _interval(itl), False, 0, None, None
+
+
+def _interval(itl: Sequence[float]) -> float | None:
+    """The step's duration, when its requests' inter-token intervals are one (each decoded after the last step)."""
     if itl:
         lo, hi = min(itl), max(itl)
         if hi - lo <= 1e-6 * (hi if hi > 1.0 else 1.0):
-            return batch, lo, False, 0, None
-    return batch, None, False, 0, None
+            return lo
+    return None
+
+
+def _partial_timing(timing: _Timing, running: int | None, finished: int, itl: Sequence[float] | None, drafts: int,
+                    queries: int) -> _Timing:
+    """One step's timing, read by a process holding only some of its requests (``read_steps(partial=True)``).
+
+    The step ran the requests running after it, those it finished here (this process sees only its own finishes)
+    and the other processes' that finished in it. Those that verified drafts (``drafts``, counted engine-wide)
+    decoded. When they are at least the requests this process can account for, and no request was admitted (no
+    prefix-cache lookup) nor ended its prefill here, every request of the step decoded: a pure decode step of
+    ``drafts`` requests, timed by the interval of the ``seen`` ones this process holds. Otherwise the step stays as
+    read (untimed, or carrying prefill)."""
+    if (timing[3] or running is None or not itl or queries or drafts < running + finished
+            or drafts <= len(itl)):
+        return timing
+    return drafts, _interval(itl), False, 0, None, len(itl)
 
 
 class Finished(NamedTuple):

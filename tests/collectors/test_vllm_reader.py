@@ -206,6 +206,55 @@ def test_step_timing_from_the_engine_cores_intervals(running: int, finished: int
     assert s.first_tokens == len(ttft) and s.first_token_s == (min(ttft) if ttft else None)
 
 
+def spec_step(running: int, finished: int, itl: list[float], drafts: int, admitted: bool = False,
+              ttft: tuple[float, ...] = ()) -> tuple[Any, Any]:
+    """A speculative step as one of several API-server processes gets it: the engine-wide scheduler stats
+    (``drafts`` requests verified 3 tokens, 2 accepted each), and its own requests' part of the iteration (``itl``,
+    ``finished``)."""
+    sched, it = decode_step(running, finished, itl, list(ttft))
+    sched.spec_decoding_stats = spec_metrics.SpecDecodingStats.new(3)
+    for _ in range(drafts):
+        sched.spec_decoding_stats.observe_draft(num_draft_tokens=3, num_accepted_tokens=2)
+    if admitted:
+        sched.prefix_cache_stats.record(num_tokens=40, num_hits=0, preempted=False)
+    it.num_generation_tokens = 3 * (len(itl) + finished)
+    return sched, it
+
+
+@pytest.mark.parametrize(("step", "batch", "decode_s", "seen"), [
+    # Running 3 after the step, none of them finished here; 4 verified drafts: another process's request finished,
+    # and every request decoded.
+    (spec_step(3, 0, [0.02] * 2, 4), 4, 0.02, 2),
+    (spec_step(2, 1, [0.02] * 2, 3), 3, 0.02, 2),  # this process's own finish counts in its batch
+    (spec_step(1, 1, [0.02] * 2, 3), 3, 0.02, 2),  # it saw all it could account for; another's finished too
+    (spec_step(3, 0, [0.02] * 2, 2), 3, None, None),  # a running request verified nothing: it ran a prompt chunk
+    (spec_step(3, 0, [0.02] * 2, 3, admitted=True), 3, None, None),  # a request was admitted (looked up its prefix)
+    (spec_step(3, 0, [0.02], 3, ttft=(0.4,)), 3, None, None),  # a prefill ended here
+    (spec_step(3, 0, [0.02, 0.05], 3), 3, None, 2),  # intervals differ: a request decoded after a skipped step
+])
+def test_a_step_split_among_api_server_processes_is_read_from_the_engine_wide_counts(
+        step: tuple[Any, Any], batch: int, decode_s: float | None, seen: int | None) -> None:
+    sched, it = step
+    whole = read_step(sched, it)  # one process holds every request: its batch is the requests it accounts for
+    assert whole.seen is None and whole.batch == sched.num_running_reqs + len(it.finished_requests)
+    s = step_of(vllm_reader.read_steps([0.0], [sched], [it], partial=True), 0)
+    assert (s.batch, s.decode_s, s.prefill, s.seen) == (batch, decode_s, seen is None, seen)
+
+
+def test_a_split_steps_tokens_and_context_count_the_whole_step() -> None:
+    """A step seen in part adds the engine's tokens (accepted + drafts) to its batch size's row, and the context of
+    the requests this process holds (its own live tokens over its own requests)."""
+    hub = Hub()
+    prefill = decode_step(2, 0, [], [0.3, 0.3])  # this process's two requests: prompts of 100 tokens each
+    prefill[1].prompt_token_stats.total = 200
+    prefill[1].num_generation_tokens = 2
+    sched, it = spec_step(3, 0, [0.02] * 2, 4)  # 4 requests verified 3 drafts and accepted 2 each: 12 tokens
+    hub.record_steps(0, vllm_reader.read_steps([0.0, 0.1], [prefill[0], sched], [prefill[1], it], partial=True))
+    (row,) = [t for t in hub.snapshot().lifetime.step_times.times if t.steps]
+    assert (row.batch_size, row.steps, row.mean_s, row.tokens) == (4, 1, 0.02, 12)
+    assert row.context == pytest.approx(101.0)  # 202 tokens held over the 2 requests seen, not over 4
+
+
 def test_a_batch_reads_as_its_steps_read_one_by_one() -> None:
     """The stat logger reads its kept steps together, column by column: each step reads as it reads alone, whatever
     its neighbours carry (no stats, no speculation, finished requests, prefill, decode)."""
