@@ -162,12 +162,12 @@ def _faults_never_reach_the_engine(llm: Any, hub: Hub, baseline: list[list[int]]
     real_read_steps = vllm_reader.read_steps
     bad: dict[float, bool] = {}  # every other step, in the order they come, cannot be read
 
-    def flaky_read_steps(times: Any, *args: Any) -> Any:
+    def flaky_read_steps(times: Any, *args: Any, **kwargs: Any) -> Any:
         for t in times:
             bad.setdefault(t, len(bad) % 2 == 0)
         if any(bad[t] for t in times):
             raise KeyError("field renamed upstream")
-        return real_read_steps(times, *args)
+        return real_read_steps(times, *args, **kwargs)
 
     def bad_listener(rec: Any) -> None:
         raise RuntimeError("exporter down")
