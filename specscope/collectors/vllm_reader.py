@@ -306,7 +306,7 @@ def read_steps(times: Sequence[float], scheduler_stats: Sequence[Any], iteration
 
     ``partial``: this process is one of several API-server processes, and holds only its own requests' numbers of
     each step (vLLM hands the step's scheduler stats to one of them). The requests it cannot see may be another
-    process's or in prefill; the engine-wide counts tell them apart (:func:`_timing`).
+    process's or in prefill; the engine-wide counts tell them apart (:func:`_partial_timing`).
     """
     running, waiting, kv_usage, pcs, sds = _SCHEDULER.columns(scheduler_stats, missing)
     if scheduler_stats and getattr(scheduler_stats[0], "num_skipped_waiting_reqs", None) is not None:
