@@ -78,6 +78,7 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
         #: The most tokens a request runs in a decode forward (K + 1): forwards with more ran a prompt.
         self._decode_tokens = 1 + int(getattr(spec, "num_speculative_tokens", 0) or 0)
         self._hook_failures = vllm_hook.failures
+        self._split: dict[int, vllm_reader.SplitSteps] = {}
         if vllm_hook.install():
             self.hub.requests.expect_parts(1)  # the engine's own records are complete
         try:
@@ -193,21 +194,32 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
 
     def _read(self, rows: list[_Kept], missing: list[str]) -> StepBatch:
         """The steps of ``rows`` (one engine's); a step vLLM filled in a way this reader cannot read costs that step
-        alone. With several API-server processes each holds only its own requests' part of a step."""
-        partial = self.hub.server_processes > 1
+        alone. With several API-server processes each holds only its own requests' part of a step, read step after
+        step by the engine's :class:`~.vllm_reader.SplitSteps`."""
+        split = self._split_steps(rows[0].engine) if self.hub.server_processes > 1 else None
         try:
             return vllm_reader.read_steps([r.time for r in rows], [r.scheduler for r in rows],
-                                          [r.iteration for r in rows], missing, partial)
+                                          [r.iteration for r in rows], missing, split)
         except Exception:
             readable = []
             for row in rows:
                 try:
-                    vllm_reader.read_steps([row.time], [row.scheduler], [row.iteration], partial=partial)
+                    vllm_reader.read_steps([row.time], [row.scheduler], [row.iteration])
                     readable.append(row)
                 except Exception as exc:
                     self.hub.health.count_error("stat logger step", exc)
             return vllm_reader.read_steps([r.time for r in readable], [r.scheduler for r in readable],
-                                          [r.iteration for r in readable], missing, partial)
+                                          [r.iteration for r in readable], missing, split)
+
+    def _split_steps(self, engine: int) -> vllm_reader.SplitSteps:
+        """The engine's reader of split steps, made on its first (the scheduler's token budget from the config)."""
+        split = self._split.get(engine)
+        if split is None:
+            sched = getattr(self.vllm_config, "scheduler_config", None)
+            split = self._split[engine] = vllm_reader.SplitSteps(
+                int(getattr(sched, "max_num_batched_tokens", 0) or 0),
+                int(getattr(sched, "long_prefill_token_threshold", 0) or 0))
+        return split
 
     def log_engine_initialized(self) -> None:
         """Re-read the configuration: the KV block count is known once the engine is up."""

@@ -9,6 +9,7 @@ disappears reads as absent, never as an exception in the engine's path.
 from __future__ import annotations
 
 import operator
+import sys
 from collections.abc import Mapping, Sequence
 from operator import attrgetter
 from typing import Any, NamedTuple
@@ -295,7 +296,7 @@ def version_warning(version: str | None) -> str | None:
 
 
 def read_steps(times: Sequence[float], scheduler_stats: Sequence[Any], iteration_stats: Sequence[Any],
-               missing: list[str] | None = None, partial: bool = False) -> StepBatch:
+               missing: list[str] | None = None, split: SplitSteps | None = None) -> StepBatch:
     """Consecutive engine steps' numbers, as vLLM's own Prometheus logger counts them, plus their timing, column by
     column (each step's stats objects, or None, at the same index as its time).
 
@@ -304,9 +305,10 @@ def read_steps(times: Sequence[float], scheduler_stats: Sequence[Any], iteration
     the step's duration. A request in a chunked prefill produces nothing, so such steps are never pure decode.
     Every field has a default: one that vLLM renamed is named in ``missing`` and costs only itself.
 
-    ``partial``: this process is one of several API-server processes, and holds only its own requests' numbers of
+    ``split``: this process is one of several API-server processes, and holds only its own requests' numbers of
     each step (vLLM hands the step's scheduler stats to one of them). The requests it cannot see may be another
-    process's or in prefill; the engine-wide counts tell them apart (:func:`_partial_timing`).
+    process's or in prefill; the engine-wide counts tell them apart (:class:`SplitSteps`, which carries what it
+    learnt to the engine's next steps).
     """
     running, waiting, kv_usage, pcs, sds = _SCHEDULER.columns(scheduler_stats, missing)
     if scheduler_stats and getattr(scheduler_stats[0], "num_skipped_waiting_reqs", None) is not None:
@@ -321,9 +323,8 @@ def read_steps(times: Sequence[float], scheduler_stats: Sequence[Any], iteration
     finished_tokens = [sum(sum(_FINISHED_TOKENS.read(r, missing)) for r in f) if f else 0 for f in finished]
     # Each step's batch, whether it carried prefill, and a pure decode step's duration.
     timing = [_timing(*step) for step in zip(running, n_finished, itl, ttft, strict=True)]
-    if partial:
-        timing = [_partial_timing(t, *step) for t, *step in zip(timing, running, n_finished, itl, drafts, pc_queries,
-                                                               strict=True)]
+    if split is not None:
+        timing = split.read(timing, running, n_finished, itl, k, drafts, pc_queries, pc_hits)
     batch, decode_s, prefill, first_tokens, first_token_s, seen = (zip(*timing, strict=True) if timing
                                                                    else [()] * 6)
     return StepBatch(
@@ -372,20 +373,51 @@ def _interval(itl: Sequence[float]) -> float | None:
     return None
 
 
-def _partial_timing(timing: _Timing, running: int | None, finished: int, itl: Sequence[float] | None, drafts: int,
-                    queries: int) -> _Timing:
-    """One step's timing, read by a process holding only some of its requests (``read_steps(partial=True)``).
+class SplitSteps:
+    """Reads one engine's steps in a process that holds only its own requests' part of each (one of several
+    API-server processes, ``read_steps(split=...)``), step after step.
 
-    The step ran the requests running after it, those it finished here (this process sees only its own finishes)
-    and the other processes' that finished in it. Those that verified drafts (``drafts``, counted engine-wide)
-    decoded. When they are at least the requests this process can account for, and no request was admitted (no
-    prefix-cache lookup) nor ended its prefill here, every request of the step decoded: a pure decode step of
-    ``drafts`` requests, timed by the interval of the ``seen`` ones this process holds. Otherwise the step stays as
-    read (untimed, or carrying prefill)."""
-    if (timing[3] or running is None or not itl or queries or drafts < running + finished
-            or drafts <= len(itl)):
-        return timing
-    return drafts, _interval(itl), False, 0, None, len(itl)
+    A step ran the requests running after it, those it finished (this process sees only its own finishes) and the
+    other processes' that finished in it. Those that verified drafts (counted engine-wide) decoded. When they are at
+    least the requests this process can account for, no request was admitted (no prefix-cache lookup) nor ended its
+    prefill here, and no admitted prompt can still be running a later chunk, every request of the step decoded: a
+    pure decode step of ``drafts`` requests, timed by the interval of the ``seen`` ones this process holds.
+
+    A later chunk is invisible otherwise: its request is running, verified nothing and produced nothing, just as a
+    request another process finished here. So the prompt tokens a step's admissions left uncached (the most of
+    any step: a request still waiting is looked up again) are carried from step to step, less what each step
+    could prefill beside its decode tokens (the scheduler's token budget, or its long-prefill threshold where
+    smaller); while some are left, no step is taken for pure decode. vLLM gives a step's stats to the owner of its
+    oldest running request, so the process that saw an admission mostly gets the next steps' too; steps whose stats
+    another process got prefill nothing here (the estimate errs long)."""
+
+    def __init__(self, token_budget: int, chunk_limit: int = 0) -> None:
+        #: The most prompt tokens a step prefills with no decode beside it (a budget not known: no prompt is
+        #: carried to the next step).
+        self.chunk = (min(token_budget, chunk_limit) if chunk_limit > 0 else token_budget) if token_budget > 0 \
+            else sys.maxsize
+        #: Prompt tokens admitted and possibly not yet prefilled.
+        self.prefill_left = 0
+
+    def read(self, timing: list[_Timing], running: Sequence[int | None], finished: Sequence[int],
+             itl: Sequence[Sequence[float] | None], k: Sequence[int | None], drafts: Sequence[int],
+             queries: Sequence[int], hits: Sequence[int]) -> list[_Timing]:
+        """The steps' timing as :func:`read_steps` read it whole, with the split steps read from the engine-wide
+        counts."""
+        left, out = self.prefill_left, []
+        for t, run, fin, intervals, n_spec, drafted, q, h in zip(timing, running, finished, itl, k, drafts, queries,
+                                                                  hits, strict=True):
+            chunked, left = left > 0, max(left, q - h)
+            if run is None:  # another process got this step's stats
+                out.append(t)
+                continue
+            left = max(0, left - max(1, self.chunk - drafted * (1 + (n_spec or 0))))
+            if (t[3] or not intervals or q or chunked or drafted < run + fin or drafted <= len(intervals)):
+                out.append(t)
+            else:
+                out.append((drafted, _interval(intervals), False, 0, None, len(intervals)))
+        self.prefill_left = left
+        return out
 
 
 class Finished(NamedTuple):

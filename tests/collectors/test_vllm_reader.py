@@ -237,8 +237,37 @@ def test_a_step_split_among_api_server_processes_is_read_from_the_engine_wide_co
     sched, it = step
     whole = read_step(sched, it)  # one process holds every request: its batch is the requests it accounts for
     assert whole.seen is None and whole.batch == sched.num_running_reqs + len(it.finished_requests)
-    s = step_of(vllm_reader.read_steps([0.0], [sched], [it], partial=True), 0)
+    s = step_of(vllm_reader.read_steps([0.0], [sched], [it], split=vllm_reader.SplitSteps(128)), 0)
     assert (s.batch, s.decode_s, s.prefill, s.seen) == (batch, decode_s, seen is None, seen)
+
+
+def test_a_long_prompts_later_chunks_are_never_taken_for_decode_steps() -> None:
+    """A prompt admitted with 300 tokens uncached, in a budget of 128 a step: the step's admission and the next two
+    (the steps that may still run its chunks, less what 3 requests' decode tokens take of the budget) are not read
+    as pure decode, even where another process's finished request hides the prefilling one; then they are again.
+    Steps whose stats another process got say nothing here, and prefill nothing of the estimate."""
+    admitted = spec_step(3, 0, [0.02] * 2, 3, admitted=True)
+    admitted[0].prefix_cache_stats.record(num_tokens=260, num_hits=0, preempted=False)  # 40 + 260 tokens
+    hidden = spec_step(3, 0, [0.02] * 2, 3)  # one more than this process accounts for verified: hides a chunk
+    elsewhere = (None, spec_step(3, 0, [0.02] * 2, 3)[1])
+    steps = [admitted, hidden, elsewhere, hidden, hidden, hidden]
+    split = vllm_reader.SplitSteps(128)
+    batch = vllm_reader.read_steps([float(i) for i in range(len(steps))], [s for s, _ in steps],
+                                   [it for _, it in steps], split=split)
+    # Each step prefills up to 128 - 3 * 4 = 116 tokens: 300 -> 184 -> 68 -> 0.
+    assert [s is not None and not p for s, p in zip(batch.seen, batch.prefill, strict=True)] == [
+        False, False, False, False, True, True]
+    assert split.prefill_left == 0
+    # Carried across reads, as the stat logger reads its kept steps a batch at a time.
+    split = vllm_reader.SplitSteps(128)
+    for i, (sched, it) in enumerate(steps):
+        s = step_of(vllm_reader.read_steps([float(i)], [sched], [it], split=split), 0)
+        assert (s.seen is not None) == (i >= 4), i
+    # A long-prefill threshold under the budget: each step prefills less, so it is carried longer.
+    split = vllm_reader.SplitSteps(128, chunk_limit=64)
+    batch = vllm_reader.read_steps([float(i) for i in range(len(steps))], [s for s, _ in steps],
+                                   [it for _, it in steps], split=split)
+    assert not any(batch.seen) and split.prefill_left == 300 - 5 * (64 - 12)  # 5 steps it got the stats of
 
 
 def test_a_split_steps_tokens_and_context_count_the_whole_step() -> None:
@@ -249,7 +278,8 @@ def test_a_split_steps_tokens_and_context_count_the_whole_step() -> None:
     prefill[1].prompt_token_stats.total = 200
     prefill[1].num_generation_tokens = 2
     sched, it = spec_step(3, 0, [0.02] * 2, 4)  # 4 requests verified 3 drafts and accepted 2 each: 12 tokens
-    hub.record_steps(0, vllm_reader.read_steps([0.0, 0.1], [prefill[0], sched], [prefill[1], it], partial=True))
+    hub.record_steps(0, vllm_reader.read_steps([0.0, 0.1], [prefill[0], sched], [prefill[1], it],
+                                               split=vllm_reader.SplitSteps(128)))
     (row,) = [t for t in hub.snapshot().lifetime.step_times.times if t.steps]
     assert (row.batch_size, row.steps, row.mean_s, row.tokens) == (4, 1, 0.02, 12)
     assert row.context == pytest.approx(101.0)  # 202 tokens held over the 2 requests seen, not over 4

@@ -38,7 +38,9 @@ def fleet(tiny: Any, engines: Any, tmp_path_factory: Any) -> Iterator[tuple[tupl
     # inherited by its API-server processes, as in production; none a test process named may leak in.
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECSCOPE_")} | {
         "VLLM_PLUGINS": "specscope", "SPECSCOPE_PROMETHEUS_PORT": str(prom)}
-    cmd = server_command(str(tiny["target"]), spec_config(tiny, "noise2"), port, "--data-parallel-size", "2")
+    # A small token budget: the long prompts below are prefilled in chunks, beside other requests' decode steps.
+    cmd = server_command(str(tiny["target"]), spec_config(tiny, "noise2"), port, "--data-parallel-size", "2",
+                         "--max-num-batched-tokens", "128", "--max-num-seqs", "16")
     other_cmd = server_command(str(tiny["target"]), spec_config(tiny, "noise10"), other_port)
     proc = launch(cmd, env, root / "server.log")
     other = launch(other_cmd, {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"} | {"VLLM_PLUGINS": ""},
@@ -76,7 +78,9 @@ def test_each_engine_equals_vllms_own_counters(scaled: tuple[str, int, Path], tm
     body = {"model": model, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
 
     def complete(i: int) -> str:
-        r = httpx.post(f"{url}/v1/completions", json={**body, "prompt": f"river stone {i} garden"}, timeout=180)
+        # Every fourth prompt is long (~300 tokens): three chunks, the first two ending no prefill.
+        prompt = " ".join(f"river stone {100 * i + j} garden" for j in range(25 if i % 4 == 1 else 1))
+        r = httpx.post(f"{url}/v1/completions", json={**body, "prompt": prompt}, timeout=180)
         r.raise_for_status()
         return str(r.json()["id"])
 
@@ -102,11 +106,12 @@ def test_each_engine_equals_vllms_own_counters(scaled: tuple[str, int, Path], tm
         assert records == {f"{i}-0" for i in ids}  # every request once
         # Each engine's target forward, timed in its worker and read by one process, once. A step's requests are
         # split between the two processes, and its stats go to one of them: read from the engine-wide counts, each
-        # pure decode step is at the batch size whose forward it ran (one forward each, at least as many).
+        # pure decode step is at the batch size whose forward it ran (one forward each, at least as many), and none
+        # that ran a prompt chunk is taken for one (5 or more an engine here; 1 to 3 before they were read so).
         for e in snap["engines"]:
             rows = e["lifetime"]["step_times"]["times"]
             timed = [t for t in rows if t["forwards"] and t["steps"]]
-            assert sum(t["steps"] for t in rows) >= 8 and all(t["forwards"] >= t["steps"] for t in rows) and all(
+            assert sum(t["steps"] for t in rows) >= 5 and all(t["forwards"] >= t["steps"] for t in rows) and all(
                 0 < t["forward_s"] < t["mean_s"] and t["batch_size"] <= t["forward_tokens"] <= 5 * t["batch_size"]
                 for t in timed), [
                 (t["batch_size"], t["steps"], round(1e3 * t["mean_s"], 2), t["forwards"],
