@@ -203,7 +203,7 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
         except Exception:
             readable = []
             for row in rows:
-                try:
+                try:  # only whether it reads: without ``split``, whose state each read carries on
                     vllm_reader.read_steps([row.time], [row.scheduler], [row.iteration])
                     readable.append(row)
                 except Exception as exc:

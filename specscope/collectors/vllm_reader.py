@@ -412,7 +412,8 @@ class SplitSteps:
                 out.append(t)
                 continue
             left = max(0, left - max(1, self.chunk - drafted * (1 + (n_spec or 0))))
-            if (t[3] or not intervals or q or chunked or drafted < run + fin or drafted <= len(intervals)):
+            first_tokens = t[3]  # requests of this process whose prefill ended here
+            if first_tokens or not intervals or q or chunked or drafted < run + fin or drafted <= len(intervals):
                 out.append(t)
             else:
                 out.append((drafted, _interval(intervals), False, 0, None, len(intervals)))

@@ -48,11 +48,12 @@ def usable_baseline(snap: Snapshot) -> StepProfile | None:
 def save_profile(profile: StepProfile, path: str | Path) -> None:
     """Write step times and the setup they were measured on as a baseline file (JSON) for :func:`load_profile`."""
     setup = profile.setup or EngineSetup()
-    doc: dict[str, Any] = {"setup": asdict(setup),
-           "step_times": [{"batch_size": t.batch_size, "steps": t.steps, "mean_s": t.mean_s, "context": t.context,
-                           "context_slope": t.context_slope, "spread": t.spread}
-                          | ({"forwards": t.forwards, "forward_s": t.forward_s, "forward_tokens": t.forward_tokens}
-                             if t.forwards else {}) for t in profile.times]}
+    doc: dict[str, Any] = {
+        "setup": asdict(setup),
+        "step_times": [{"batch_size": t.batch_size, "steps": t.steps, "mean_s": t.mean_s, "context": t.context,
+                        "context_slope": t.context_slope, "spread": t.spread}
+                       | ({"forwards": t.forwards, "forward_s": t.forward_s, "forward_tokens": t.forward_tokens}
+                          if t.forwards else {}) for t in profile.times]}
     if profile.forward_moments:
         doc["forward_moments"] = list(profile.forward_moments)
     Path(path).write_text(json.dumps(doc, indent=1) + "\n")
