@@ -108,12 +108,16 @@ def test_each_engine_equals_vllms_own_counters(scaled: tuple[str, int, Path], tm
         # split between the two processes, and its stats go to one of them: read from the engine-wide counts, each
         # pure decode step is at the batch size whose forward it ran (one forward each, at least as many), and none
         # that ran a prompt chunk is taken for one (5 or more an engine here; 1 to 3 before they were read so).
+        # The forward is part of the step: over the engine's steps, not per batch size, where two or three steps
+        # and forwards, not all the same ones, are averaged on a loaded machine (a CI run: 9.3 ms forwards beside
+        # 7.7 ms steps at one batch size, 4.8 ms beside 26.8 ms at the next).
         for e in snap["engines"]:
             rows = e["lifetime"]["step_times"]["times"]
             timed = [t for t in rows if t["forwards"] and t["steps"]]
             assert sum(t["steps"] for t in rows) >= 5 and all(t["forwards"] >= t["steps"] for t in rows) and all(
-                0 < t["forward_s"] < t["mean_s"] and t["batch_size"] <= t["forward_tokens"] <= 5 * t["batch_size"]
-                for t in timed), [
+                t["forward_s"] > 0 and t["batch_size"] <= t["forward_tokens"] <= 5 * t["batch_size"]
+                for t in timed) and sum(t["steps"] * t["forward_s"] for t in timed) < sum(
+                t["steps"] * t["mean_s"] for t in timed), [
                 (t["batch_size"], t["steps"], round(1e3 * t["mean_s"], 2), t["forwards"],
                  round(1e3 * t["forward_s"], 2), t["forward_tokens"]) for t in rows]
 
