@@ -329,7 +329,8 @@ class Counts:
                                ctx / n if n else 0.0, spread=spreads.get(b, 0.0), forwards=int(fn),
                                forward_s=fs / fn if fn else 0.0, forward_tokens=ftok / fn if fn else 0.0)
                       for b, (n, t, tok, pn, ps, ptok, first, ctx, fn, fs, ftok) in sorted(self.batches.items())
-                      if n or pn or (fn and forwards_alone))  # else forwards whose steps left the interval
+                      if n or pn or fn)
+        profile = StepProfile(times, forward_moments=tuple(self.moments) if any(self.moments) else ())
         return Totals(
             seconds=seconds,
             steps=c["steps"],
@@ -340,7 +341,7 @@ class Counts:
             prefix_cache_queries=c["pc_queries"],
             prefix_cache_hits=c["pc_hits"],
             spec=spec,
-            step_times=StepProfile(times, forward_moments=tuple(self.moments) if any(self.moments) else ()),
+            step_times=profile if forwards_alone else profile.stepped(),
             prefills=c["prefills"],
         )
 

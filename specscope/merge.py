@@ -221,9 +221,8 @@ def _stepped(snap: Snapshot) -> Snapshot:
     in its sums and in each engine's."""
 
     def totals(t: Totals) -> Totals:
-        times = t.step_times.times
-        kept = tuple(r for r in times if r.steps or r.prefill_steps)
-        return t if len(kept) == len(times) else replace(t, step_times=replace(t.step_times, times=kept))
+        stepped = t.step_times.stepped()
+        return t if stepped is t.step_times else replace(t, step_times=stepped)
 
     return replace(snap, lifetime=totals(snap.lifetime), window=totals(snap.window),
                    engines=tuple(replace(e, lifetime=totals(e.lifetime), window=totals(e.window))

@@ -201,6 +201,12 @@ class StepProfile:
                 return t0 + (t1 - t0) * (batch_size - b0) / (b1 - b0)
         return next((t for b, t in pts if b == batch_size), None)
 
+    def stepped(self) -> StepProfile:
+        """Without the batch sizes that have forwards but no steps: forwards whose steps left the interval, or that
+        another API-server process got (``Hub.local_snapshot(forwards_alone=True)``)."""
+        kept = tuple(t for t in self.times if t.steps or t.prefill_steps)
+        return self if len(kept) == len(self.times) else replace(self, times=kept)
+
     def busiest(self) -> int | None:
         """The batch size the engine spent the most decode time at (its operating batch); None without decode steps.
         A draining batch's last steps, or a request prefilled alone before its batch joined, do not move it."""
