@@ -39,7 +39,8 @@ layers of width 1024, 158M parameters) with its layer-0 draft.
 
 Run: python benchmarks/bench_truth_user.py [--pairs tiny,deep01,deep01-rag,wide01] [--rounds 3] [--results NAME]
 Results: benchmarks/results/truth_user.json (and truth_user.md, the table); each pair's predicting snapshot in
-truth_user_<pair>.snapshot.json, which ``--replay`` judges again with the checkout's verdict. ``--results`` names
+truth_user_<pair>.snapshot.json, which ``--replay`` judges again with the checkout's verdict (``--replay-as NAME``:
+written as NAME, the results as measured kept). ``--results`` names
 them otherwise (``truth_user_slow``: the run of a slow day).
 """
 
@@ -311,8 +312,8 @@ def judge(cells: list[dict[str, Any]], estimates: dict[int, Any]) -> list[dict[s
 
 
 def replay(stem: str) -> dict[str, Any]:
-    """The saved results judged again by this checkout's verdict, on each pair's saved predicting snapshot: a
-    change to the model is checked against the same measurements without running the engines again."""
+    """The results saved as ``stem`` judged again by this checkout's verdict, on each pair's saved predicting
+    snapshot: a change to the model is checked against the same measurements without running the engines again."""
     from specscope.verdict import estimate
 
     doc = json.loads((RESULTS / f"{stem}.json").read_text())
@@ -414,9 +415,12 @@ def main() -> None:
                     help="replace only these pairs in the saved results, keeping the others")
     ap.add_argument("--replay", action="store_true",
                     help="judge the saved measurements again with this checkout's verdict (no engines)")
+    ap.add_argument("--replay-as", metavar="NAME",
+                    help="with --replay: write the judgement under this name, keeping the saved results as measured")
     args = ap.parse_args()
     if args.replay:
         doc = replay(args.results)
+        args.results = args.replay_as or args.results
         write(args.results, {k: v for k, v in doc.items() if k not in ("benchmark", "machine", "python")})
         (RESULTS / f"{args.results}.md").write_text(table(doc["pairs"]))
         return

@@ -266,6 +266,35 @@ def test_a_plain_step_is_priced_from_the_targets_forward_now(tmp_path: Path) -> 
     assert share is not None and not share.anchored and share.value == pytest.approx((0.008 / 0.0036 - 1) / 4)
 
 
+def test_a_context_far_from_the_calibrations_is_priced_at_the_context_not_from_the_forward() -> None:
+    """The forward then is priced at the calibration's context and the forward now runs at the live one: where the
+    live context moves the baseline's plain step by more than MAX_ANCHOR_CONTEXT_MOVE (a verify forward and a plain
+    step grow with it by different shares), the plain step is priced at the context, as without a forward; near the
+    calibration's context, the forward anchors it (20% slower now, as in the test above)."""
+    from dataclasses import replace
+
+    from specscope.verdict.cost import MAX_ANCHOR_CONTEXT_MOVE, live_context
+
+    hub = speculative_hub(Clock())
+    hub.record_forwards(0, [(1, 5, 30, 30 * 1.2 * forward(1, 5))], 5)
+    context = live_context(hub.snapshot(), 1)
+    assert context is not None and context > 40
+
+    def priced(move: float) -> tuple[bool, float]:
+        """Whether the plain step at batch 1 was anchored, and what it was priced at, with a baseline calibrated at
+        40 tokens of context whose step the live context moves by ``move``."""
+        base = forward_baseline()
+        slope = move * 0.0036 / (context - 40)
+        hub.set_baseline(replace(base, times=tuple(replace(t, context=40.0, context_slope=slope) for t in base.times)))
+        cost = measured_cost(hub.snapshot(), 1)
+        assert cost is not None
+        return cost.anchored, 0.008 / (1 + 4 * cost.value)
+
+    near, far = priced(0.5 * MAX_ANCHOR_CONTEXT_MOVE), priced(0.3)
+    assert near == (True, pytest.approx(1.2 * 0.0036))
+    assert far == (False, pytest.approx(1.3 * 0.0036))
+
+
 def test_an_anchored_baseline_timed_on_a_slower_day_is_not_floored() -> None:
     """A baseline timed while the machine ran 2.5 times slower: unanchored, its plain step (9 ms) is over the
     speculative one (8 ms) and the draft model's c is raised to its parameter share (0.25) and called suspect; with

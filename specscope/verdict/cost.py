@@ -83,6 +83,13 @@ FORWARD_REACH = 2.0
 #: the same machine runs it in a plain engine: the tiny pair's, 15-19% of its step, ran 20-30% over its calibrated
 #: fit at every shape while the plain engine served 6% under its calibration (deep01's, 55-73%: 5-7%).
 MIN_FORWARD_SHARE = 1 / 3
+#: The most the live context may move the baseline's plain step (priced at it, against as calibrated) for the
+#: target's forward to anchor it. The forward then is priced at the calibration's context; the forward now runs at
+#: the live one, and a verify forward (K+1 tokens a request) grows with context by another share than a plain step:
+#: over RAG prompts (~450 tokens, 8x the calibration's, moving the plain step by 10-80%) the anchored plain step came
+#: 15% under what the plain engine served at batch 16 and 6% over at batch 1, where priced at the context it came
+#: within 3%. Chat traffic's contexts (1.1-1.7x the calibration's) move it by 6% at most.
+MAX_ANCHOR_CONTEXT_MOVE = 0.08
 
 
 def forward_at(base: StepProfile, requests: int, tokens: float) -> float | None:
@@ -103,21 +110,22 @@ def plain_step(snap: Snapshot, base: StepProfile, batch_size: int) -> tuple[floa
     """The target's plain decode step at ``batch_size`` now: ``(seconds, how it was priced, anchored)``.
 
     Where the live engine's target forward is timed at this batch size, takes :data:`MIN_FORWARD_SHARE` of its
-    step or more, and the baseline's forwards price the same forward (:func:`forward_at`), the baseline's step
-    scaled by the forward now over the forward then: the machine's speed at this moment and the live context both
-    enter through the forward, a steady share of a step (anchored). Otherwise the baseline's step priced at the
-    live context (:func:`live_context`)."""
-    live = steps_at(snap, batch_size)
-    t_cal = base.at(batch_size, MIN_STEPS)
-    if live is not None and live.forwards >= MIN_STEPS and t_cal and live.forward_s >= MIN_FORWARD_SHARE * live.mean_s:
+    step or more, the live context is near the calibration's (:data:`MAX_ANCHOR_CONTEXT_MOVE`), and the
+    baseline's forwards price the same forward (:func:`forward_at`), the baseline's step scaled by the forward now
+    over the forward then: the machine's speed at this moment and what little the live context adds both enter
+    through the forward, a steady share of a step (anchored). Otherwise the baseline's step priced at the live
+    context (:func:`live_context`)."""
+    live, context = steps_at(snap, batch_size), live_context(snap, batch_size)
+    t_cal, t_context = base.at(batch_size, MIN_STEPS), base.at(batch_size, MIN_STEPS, context)
+    if live is not None and live.forwards >= MIN_STEPS and t_cal and t_context and \
+            live.forward_s >= MIN_FORWARD_SHARE * live.mean_s and abs(t_context / t_cal - 1) <= MAX_ANCHOR_CONTEXT_MOVE:
         then = forward_at(base, batch_size, live.forward_tokens)
         if then:
             return (t_cal * live.forward_s / then,
                     f" (priced from the target's forward: {1e3 * live.forward_s:.1f} ms now for {batch_size} "
                     f"request{'s' if batch_size > 1 else ''} of {live.forward_tokens / batch_size:.1f} tokens, "
                     f"{1e3 * then:.1f} ms at the calibration's speed)", True)
-    context = live_context(snap, batch_size)
-    return base.at(batch_size, MIN_STEPS, context), _priced_at(base, batch_size, context), False
+    return t_context, _priced_at(base, batch_size, context), False
 
 
 def measured_cost(snap: Snapshot, batch_size: int) -> CostRatio | None:
