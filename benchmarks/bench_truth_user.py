@@ -33,9 +33,9 @@ the predicting window's moment). The summary adds how much the measurement itsel
 the rounds' spread and the share of cells a prediction equal to the true speedup would meet within 10%.
 
 Pairs: the tiny family's target with its 2%-noise draft (1.1M parameters, a same-size draft: speculation
-loses), the deep01 target with its layer-0 draft (40.6M) on short prompts and on long retrieval-style ones (twelve
-passages, ~400 tokens: a context the calibration's short prompts do not have), and a wide target built here (12
-layers of width 1024, 158M parameters) with its layer-0 draft.
+loses), the deep01 target with its layer-0 draft (40.6M) on short prompts and on long retrieval-style ones (eleven
+passages from one corpus and the question, ~450 tokens: a context the calibration's short prompts do not have), and
+a wide target built here (12 layers of width 1024, 158M parameters) with its layer-0 draft.
 
 Run: python benchmarks/bench_truth_user.py [--pairs tiny,deep01,deep01-rag,wide01] [--rounds 3] [--results NAME]
 Results: benchmarks/results/truth_user.json (and truth_user.md, the table); each pair's predicting snapshot in
@@ -81,9 +81,18 @@ SAMPLE_A, SAMPLE_B = tiny_models.prompts(64, seed=11), tiny_models.prompts(64, s
 TOKENS_A, TOKENS_B = output_lengths(64, 96, seed=11), output_lengths(64, 96, seed=12)
 
 
-def rag(prompts: list[str]) -> list[str]:
-    """Long, retrieval-style prompts (~400 tokens): twelve passages, then the question."""
-    return [" ".join(prompts[(i + j) % len(prompts)] for j in range(12)) for i in range(len(prompts))]
+#: The corpus retrieval-style prompts draw their passages from, one for both samples (as a RAG service's traffic
+#: retrieves from one corpus).
+CORPUS = tiny_models.prompts(512, seed=10)
+
+
+def rag(prompts: list[str], seed: int) -> list[str]:
+    """Long, retrieval-style prompts (~450 tokens): eleven passages drawn from :data:`CORPUS`, then the question (each
+    of ``prompts``). Until stop 51 each sample joined twelve of its own 64 prompts, so a sample's mean length was
+    twelve times its prompts' mean: sample B's came 25% longer than sample A's (482 against 387 tokens), more than
+    two windows of one service's traffic differ."""
+    rng = random.Random(seed)
+    return [" ".join([*rng.sample(CORPUS, 11), p]) for p in prompts]
 
 
 def wide_pair(root: Path) -> tuple[Path, Path]:
@@ -115,7 +124,7 @@ def wide_pair(root: Path) -> tuple[Path, Path]:
 def pairs() -> dict[str, tuple[Path, Path, int, tuple[list[str], list[str]]]]:
     """name -> (target, draft, max_model_len, (sample A, sample B))."""
     models = tiny_models.build()
-    short, long = (SAMPLE_A, SAMPLE_B), (rag(SAMPLE_A), rag(SAMPLE_B))
+    short, long = (SAMPLE_A, SAMPLE_B), (rag(SAMPLE_A, 11), rag(SAMPLE_B, 12))
     out = {"tiny": (models["target"], models["noise2"], 512, short),
            "deep01": (models["deep01-target"], models["deep01-draft"], 1024, short),
            "deep01-rag": (models["deep01-target"], models["deep01-draft"], 1024, long)}
