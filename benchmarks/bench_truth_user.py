@@ -40,8 +40,8 @@ a wide target built here (12 layers of width 1024, 158M parameters) with its lay
 Run: python benchmarks/bench_truth_user.py [--pairs tiny,deep01,deep01-rag,wide01] [--rounds 3] [--results NAME]
 Results: benchmarks/results/truth_user.json (and truth_user.md, the table); each pair's predicting snapshot in
 truth_user_<pair>.snapshot.json, which ``--replay`` judges again with the checkout's verdict (``--replay-as NAME``:
-written as NAME, the results as measured kept). ``--results`` names
-them otherwise (``truth_user_slow``: the run of a slow day).
+written as NAME, the results as measured kept). ``--results`` names them otherwise (``truth_user_slow``: the run of
+a slow day).
 """
 
 from __future__ import annotations
