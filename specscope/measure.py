@@ -218,7 +218,7 @@ class PromptOrder:
 
 def steady_throughput(llm: Any, batch: int, seconds: float, prompts: Sequence[Any], tokens: int | Sequence[int] = 96,
                       traffic_classes: Sequence[str | None] | None = None, order: PromptOrder | None = None,
-                      settle: bool = False, min_finished: int = 0) -> float:
+                      settle: bool = False, min_finished: int = 0, warm: int = 0) -> float:
     """Output tokens per second with ``batch`` greedy requests in flight for ``seconds``, each finished request
     replaced by the next of ``prompts`` (in order, or in ``order``), as a serving engine with a queue keeps its batch
     full; the requests in flight at the end are aborted. This is the throughput "at batch b" that specscope's
@@ -229,10 +229,14 @@ def steady_throughput(llm: Any, batch: int, seconds: float, prompts: Sequence[An
     length (EOS ignored), or each prompt's; ``traffic_classes``, where given, is each prompt's traffic class.
     With ``settle``, the ``seconds`` count from the step that finished the prefill of the batch's first prompts:
     prefilled together from an empty engine, a transient served traffic does not have (16 prompts of ~490 tokens
-    take seconds on this CPU). With ``min_finished``, the window also runs until that many requests finished in it
-    (``batch``: each place in the batch turned over once, on average), so that it holds the prefills of the requests
-    that replace them, as served traffic does: a fixed number of seconds can end before any request finishes where
-    steps are slow (a large batch of long prompts, a slow machine), and measure decoding alone.
+    take seconds on this CPU). With ``warm``, they count from the step that finished that many requests (after the
+    first prompts' prefill, with ``settle``): the batch's first requests start together and, until they finish, its
+    steps decode without the prefills of the requests that replace them, which served traffic's steps carry at the
+    rate requests finish (``batch``: each place turned over once). With ``min_finished``, the window also runs
+    until that many requests finished in it (``batch``: each place in the batch turned over once, on average), so
+    that it holds the prefills of the requests that replace them, as served traffic does: a fixed number of seconds
+    can end before any request finishes where steps are slow (a large batch of long prompts, a slow machine), and
+    measure decoding alone.
     """
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
@@ -260,7 +264,7 @@ def steady_throughput(llm: Any, batch: int, seconds: float, prompts: Sequence[An
     first = set(live) if settle else set()
     produced, finished, t0 = 0, 0, time.perf_counter()
     now = t0
-    while now - t0 < seconds or first or finished < min_finished:
+    while now - t0 < seconds or first or warm or finished < min_finished:
         for out in engine.step():
             first.discard(out.request_id)
             produced += len(out.outputs[0].token_ids)
@@ -271,6 +275,8 @@ def steady_throughput(llm: Any, batch: int, seconds: float, prompts: Sequence[An
         now = time.perf_counter()
         if settle and not first:  # the first prompts are in: the count starts after this step
             settle, produced, finished, t0 = False, 0, 0, now
+        elif warm and not settle and finished >= warm:  # the batch turned over: the count starts again
+            warm, produced, finished, t0 = 0, 0, 0, now
     engine.abort_request(list(live))
     while engine.has_unfinished_requests():
         engine.step()

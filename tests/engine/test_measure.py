@@ -31,3 +31,7 @@ def test_a_window_lasts_until_as_many_requests_finished_as_asked(tiny: Any, engi
     start = time.time()
     assert steady_throughput(llm, 2, 0.001, prompts, 40, settle=True, min_finished=5) > 0
     assert _done(llm, start) >= 5
+    # With a warm-up, the count (and the requests it must see finish) starts once the batch has turned over.
+    start = time.time()
+    assert steady_throughput(llm, 2, 0.001, prompts, 40, settle=True, min_finished=3, warm=3) > 0
+    assert _done(llm, start) >= 6
