@@ -15,7 +15,7 @@ from specscope.hub import Hub
 from specscope.model import CostRatio, EngineInfo, StepProfile, StepTime
 from specscope.verdict import estimate, load_profile, measured_cost, save_profile, uncertainty
 from specscope.verdict.speedup import SpeedupEstimate
-from specscope.verdict.uncertainty import FIXED, MIN_REQUESTS
+from specscope.verdict.uncertainty import DRAFT_FIXED, DRAFT_FIXED_RANGE, MIN_REQUESTS
 from tests.test_hub import Clock
 from tests.test_verdict import SETUP, draft_step, speculative_hub, with_baseline
 
@@ -177,9 +177,10 @@ def test_a_measured_c_under_the_drafts_parameter_share_is_called_suspect(plain_s
 
 def test_a_k_other_than_the_running_one_carries_the_unknown_fixed_cost_of_a_step() -> None:
     """Every request accepts 2 of its 4 draft tokens each step: the acceptance leaves no doubt, and at the running
-    K the interval is the point. Elsewhere a step may pay up to one draft token's cost c whatever its K (one K's step
-    time cannot tell): at K = 1 the band spans steps of 1 + c + 0.75·c down to 1 + c nearly, at K = 8 steps of
-    1 + 8c − c up to 1 + 8c nearly; the point takes half of it (``FIXED``)."""
+    K the interval is the point. Elsewhere a step may pay part of the draft's cost (4·c, c given: no verification
+    to tell apart) whatever its K (one K's step time cannot tell), a share drawn over DRAFT_FIXED_RANGE
+    (0..0.2): at K = 1 the band spans steps of 1 + c + 0.2·3c down to 1 + c nearly, at K = 8 steps of
+    1 + 8c − 0.2·4c up to 1 + 8c nearly; the point takes the middle (``DRAFT_FIXED``)."""
     hub = Hub()
     hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model"))
     hub.cost_ratio = CostRatio(0.2, "given")
@@ -191,13 +192,17 @@ def test_a_k_other_than_the_running_one_carries_the_unknown_fixed_cost_of_a_step
     est = estimate(hub.snapshot())
     assert est is not None and est.interval is not None
     assert est.interval == pytest.approx((est.expected_speedup, est.expected_speedup))
-    assert FIXED == 0.5
-    tokens_1 = est.by_k[1] * (1 + 0.2 + 0.5 * 0.75 * 0.2)  # the point's decode tokens per step at K = 1
-    assert tokens_1 / (1 + 0.2 + 0.75 * 0.2) <= est.low[1] < tokens_1 / (1 + 0.2 + 0.6 * 0.2)
-    assert tokens_1 / (1 + 0.2 + 0.15 * 0.2) < est.high[1] <= tokens_1 / (1 + 0.2)
-    tokens_8 = est.by_k[8] * (1 + 8 * 0.2 - 0.5 * 0.2)
-    assert tokens_8 / (1 + 8 * 0.2 - 0.2) >= est.high[8] > tokens_8 / (1 + 8 * 0.2 - 0.8 * 0.2)
-    assert tokens_8 / (1 + 8 * 0.2 - 0.2 * 0.2) > est.low[8] >= tokens_8 / (1 + 8 * 0.2)
+    assert DRAFT_FIXED_RANGE == (0.0, 0.2) and abs(DRAFT_FIXED - 0.1) < 1e-12
+
+    def step(k: int, f: float) -> float:
+        return 1 + k * 0.2 + f * 0.2 * (4 - k)
+
+    tokens_1 = est.by_k[1] * step(1, DRAFT_FIXED)  # the point's decode tokens per step at K = 1
+    assert tokens_1 / step(1, 0.2) <= est.low[1] < tokens_1 / step(1, 0.17)
+    assert tokens_1 / step(1, 0.03) < est.high[1] <= tokens_1 / step(1, 0.0)
+    tokens_8 = est.by_k[8] * step(8, DRAFT_FIXED)
+    assert tokens_8 / step(8, 0.2) >= est.high[8] > tokens_8 / step(8, 0.17)
+    assert tokens_8 / step(8, 0.03) > est.low[8] >= tokens_8 / step(8, 0.0)
 
 
 def forward(requests: int, tokens: int) -> float:
@@ -264,6 +269,32 @@ def test_a_plain_step_is_priced_from_the_targets_forward_now(tmp_path: Path) -> 
     small.set_baseline(base)
     share = measured_cost(small.snapshot(), 1)
     assert share is not None and not share.anchored and share.value == pytest.approx((0.008 / 0.0036 - 1) / 4)
+
+
+def test_another_k_pays_verification_by_the_token_and_a_share_of_the_drafts_part_once() -> None:
+    """A measured c holds verifying the draft token, which every K pays by the token, and the draft's part, of which
+    a step pays a share whatever its K. At batch 16 the baseline's forwards price a token at 0.15 ms, 0.4 of its
+    6 ms plain step (2.4 ms for 16 requests); c measured 0.89 at K = 4. K = 1 then costs 1 + c + DRAFT_FIXED·(c −
+    0.4)·3 plain steps: without its forwards (no verification told apart) the baseline prices it 1 + c +
+    DRAFT_FIXED·c·3, 6% more."""
+    from specscope.verdict.cost import verify_forward_share
+
+    base = forward_baseline()
+    assert verify_forward_share(base, 16) == pytest.approx(0.00015 * 16 / 0.0060)
+    assert verify_forward_share(forward_baseline(prompts=False), 16) is None
+    hub = speculative_hub(Clock())
+    hub.record_forwards(0, [(16, 80, 30, 30 * 1.1 * forward(16, 80))], 5)
+    hub.set_baseline(base)
+    est = estimate(hub.snapshot(), batch_size=16)
+    assert est is not None and est.k == 4 and est.c == pytest.approx((0.030 / (1.1 * 0.0060) - 1) / 4)
+    rho = est.prefill_share / (1 - est.prefill_share) if est.prefill_share else 0.0
+
+    def at_one(verify: float) -> float:
+        step = 1 + est.c + DRAFT_FIXED * (est.c - verify) * 3
+        return acc.end_to_end(2.0 / step, est.decode_speedup, rho, 0.25)  # 1 + 1 accepted a step at K = 1
+
+    assert est.by_k[1] == pytest.approx(at_one(0.4))
+    assert at_one(0.4) / at_one(0.0) > 1.03
 
 
 def test_a_context_far_from_the_calibrations_is_priced_at_the_context_not_from_the_forward() -> None:

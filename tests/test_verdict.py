@@ -33,7 +33,7 @@ from specscope.verdict import (
     verify_cost,
 )
 from specscope.verdict.traffic import TrafficSpeedup
-from specscope.verdict.uncertainty import FIXED
+from specscope.verdict.uncertainty import DRAFT_FIXED
 
 SETUP = EngineSetup(model="/m/target", architecture="LlamaForCausalLM layers=12", dtype="float32", device="cpu",
                     engine_version="0.32.0", max_num_seqs=16)
@@ -63,8 +63,8 @@ def test_estimate_without_step_times_models_tokens_from_the_observed_positions()
     spec = snap.window.spec
     assert est.tokens_per_step == pytest.approx(spec.mean_acceptance_length)  # every request drafted every step
     assert est.expected_speedup == pytest.approx(spec.mean_acceptance_length / 1.2)
-    # K = 6 pays 6 draft tokens, less the share of one that the running K = 4's step paid whatever its K
-    six = acc.tokens_per_step(6, spec.per_position, spec.alpha) / (1 + 6 * 0.05 + FIXED * 0.05 * (1 - 6 / 4))
+    # K = 6 pays 6 draft tokens, less twice the share of one that the running K = 4's step paid whatever its K
+    six = acc.tokens_per_step(6, spec.per_position, spec.alpha) / (1 + 6 * 0.05 + DRAFT_FIXED * 0.05 * (4 - 6))
     assert est.by_k[6] == pytest.approx(six) and est.by_k[0] == 1.0
     assert est.pays and est.best_k == max(range(17), key=lambda j: est.by_k[j])
     assert "pays" in est.explain() and "modelled" in est.explain()

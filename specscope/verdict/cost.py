@@ -201,6 +201,18 @@ def verify_share(base: StepProfile, batch_size: int, context: float | None = Non
     return max(0.0, beta) * batch_size / t_b
 
 
+def verify_forward_share(base: StepProfile, batch_size: int) -> float | None:
+    """What the target's forward adds for one more token a request at ``batch_size``, as a share of the baseline's
+    plain step there (both as calibrated): the per-token term of its forward fit (:func:`specscope.counts.
+    fit_forward`), times the batch. The part of a measured c that grows with K through verification alone; None
+    without a fit or a step at ``batch_size``, or where the fit says a token costs nothing."""
+    fit = fit_forward(base.forward_moments)
+    t_b = base.at(batch_size, MIN_STEPS)
+    if fit is None or not t_b or fit[2] <= 0:
+        return None
+    return fit[2] * batch_size / t_b
+
+
 def least_squares_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
     """The least-squares line through ``points`` (x, y): (intercept, slope); slope 0 where every x is the same."""
     n = len(points)

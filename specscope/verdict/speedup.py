@@ -24,6 +24,7 @@ from specscope.verdict.cost import (
     spec_counts,
     steps_at,
     verify_cost,
+    verify_forward_share,
     verify_share,
 )
 
@@ -340,25 +341,28 @@ def _estimate(snap: Snapshot, cost: CostRatio | None, batch_size: int | None) ->
     observed = _observed_tokens(snap, k)
     tokens = observed if observed is not None else acc.tokens_per_step(k, rates, a)
     rho, draft_prefill = _prefill_per_decode(snap, batch, tokens), _draft_prefill(snap)
+    verify = _verify_part(snap, batch, measured)
 
     def speedup_at(j: int, rates: tuple[float, ...], a: float, tokens: float, c: float,
-                   fixed: float = uncertainty.FIXED) -> float:
-        """End-to-end speedup at K = ``j`` > 0 for these inputs (``tokens``: observed at the running K). ``fixed``:
-        the share of one draft token's cost c that a step pays whatever its K (see :func:`_interval`): at the running
-        K, k·c = fixed·c + k·(c − fixed·c/k), so a step at j costs 1 + j·c + fixed·c·(1 − j/k)."""
+                   fixed: float = uncertainty.DRAFT_FIXED) -> float:
+        """End-to-end speedup at K = ``j`` > 0 for these inputs (``tokens``: observed at the running K). A draft
+        token's c is verifying it (``verify``, which every K pays by the token) and the draft's part, c − verify;
+        ``fixed`` is the share of the running K's draft part, k·(c − verify), that a step pays whatever its K (see
+        :func:`_interval`), so a step at j costs 1 + j·c + fixed·(c − verify)·(k − j)."""
         now = tokens / (k * c + 1.0)
         if j == k:
             return acc.end_to_end(now, now, rho or 0.0, draft_prefill)
         # The share of request-steps that drafted, so that the model reproduces what was observed at the running K.
         drafted = sum(rates)
         fraction = min(1.0, max(0.0, (tokens - 1.0) / drafted)) if drafted > 0 else 1.0
-        decode = acc.tokens_per_step(j, rates, a, fraction) / (j * c + 1.0 + fixed * c * (1.0 - j / k))
+        step = j * c + 1.0 + fixed * max(0.0, c - verify) * (k - j)
+        decode = acc.tokens_per_step(j, rates, a, fraction) / step
         return acc.end_to_end(decode, now, rho or 0.0, draft_prefill)
 
     by_k = (1.0, *(speedup_at(j, rates, a, tokens, cost.value) for j in range(1, acc.K_MAX + 1)))
     decode_now = tokens / (k * cost.value + 1.0)
     interval, basis, draws, requests = _interval(snap, batch, k, cost.value, measured is not None,
-                                                 (rates, a, tokens), speedup_at)
+                                                 (rates, a, tokens), speedup_at, uncertainty.DRAFT_FIXED_RANGE)
     k0, k0_basis = k0_decode(snap, cost)
     return SpeedupEstimate(
         alpha=a, k=k, c=cost.value, c_basis=_basis(cost, measured is not None),
@@ -369,6 +373,16 @@ def _estimate(snap: Snapshot, cost: CostRatio | None, batch_size: int | None) ->
         caveat=(LOSSY_CAVEAT if snap.engine.lossy_verification else "") + _slow_baseline(snap, measured),
         interval=interval, interval_basis=basis, interval_requests=requests, draws=draws,
     )
+
+
+def _verify_part(snap: Snapshot, batch: int | None, measured: CostRatio | None) -> float:
+    """The share of a measured c that verifying the draft token costs at ``batch`` (never over c):
+    :func:`~specscope.verdict.cost.verify_forward_share` of the baseline it was measured against. 0 where c was
+    not measured (the configs' estimate prices the draft alone) or the baseline's forward was not fitted: all of c
+    is then the draft's."""
+    base = usable_baseline(snap) if measured is not None and batch else None
+    share = verify_forward_share(base, batch) if base is not None and batch else None
+    return min(share, measured.value) if share is not None and measured is not None else 0.0
 
 
 def _k0_estimate(snap: Snapshot, cost: CostRatio | None, batch: int, per_position: tuple[float, ...],
@@ -416,7 +430,8 @@ def _k0_estimate(snap: Snapshot, cost: CostRatio | None, batch: int, per_positio
         return acc.end_to_end(decode, now, rho or 0.0, draft_prefill)
 
     point = (rates, a, tokens)
-    interval, basis, draws, requests = _interval(snap, batch, 0, c0, measured is not None, point, speedup_at)
+    interval, basis, draws, requests = _interval(snap, batch, 0, c0, measured is not None, point, speedup_at,
+                                                 uncertainty.FIXED_RANGE)
     live = steps_at(snap, batch) is not None
     return SpeedupEstimate(
         alpha=a, k=0, c=c.value, c_basis=_basis(c, measured is not None), c_source=c.source, tokens_per_step=1.0,
@@ -474,6 +489,7 @@ def _slow_baseline(snap: Snapshot, measured: CostRatio | None) -> str:
 def _interval(snap: Snapshot, batch: int | None, k: int, c: float, measured: bool,
               point: tuple[tuple[float, ...], float, float],
               speedup_at: Callable[[int, tuple[float, ...], float, float, float, float], float],
+              fixed: tuple[float, float],
               ) -> tuple[tuple[float, float] | None, str, Callable[[int], tuple[float, ...]] | None, int]:
     """``(interval at the running K, basis, the speedup at a K in each draw, requests resampled)``: ``speedup_at``
     over the requests' resampled acceptance and, where c is measured, a plain step time drawn from the baseline's
@@ -483,9 +499,10 @@ def _interval(snap: Snapshot, batch: int | None, k: int, c: float, measured: boo
 
     At a K other than the running one, the model's own unknown is drawn too: a speculative step pays part of its
     cost whatever its K (vLLM's speculative path: sampling, bookkeeping, the proposer's set-up), and one K's step
-    time cannot tell that part from the cost per draft token. Each draw takes a share between none and one draft
-    token's worth (:func:`uncertainty.fixed_shares`), which lowers K below the running one and raises K above it;
-    the point takes the middle (:data:`uncertainty.FIXED`). Each K's interval holds its point."""
+    time cannot tell that part from the cost per draft token. Each draw takes a share of the draft's cost in the
+    range ``fixed`` (:func:`uncertainty.fixed_shares`), which lowers K below the running one and raises K above it;
+    the point takes the middle (:data:`uncertainty.DRAFT_FIXED`, at a K = 0 range :data:`uncertainty.FIXED`). Each
+    K's interval holds its point."""
     res = uncertainty.resample(snap)
     resampled = res.requests if res is not None and res.draws else 0
     base = usable_baseline(snap)
@@ -519,7 +536,7 @@ def _interval(snap: Snapshot, batch: int | None, k: int, c: float, measured: boo
               min(0.999, a * d.alpha), 1.0 + (tokens - 1.0) * d.gained,
               max(0.0, ((1.0 + n * c) / m - 1.0) / n) if spread else c, f)
              for d, m, f in zip(accepted, uncertainty.noise(len(accepted), spread),
-                                uncertainty.fixed_shares(len(accepted)), strict=True)]
+                                uncertainty.fixed_shares(len(accepted), fixed), strict=True)]
 
     @functools.cache
     def at(j: int) -> tuple[float, ...]:

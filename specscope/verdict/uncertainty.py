@@ -137,16 +137,30 @@ def noise(draws: int, spread: float) -> list[float]:
     return [1.0 + spread * max(-3.0, min(3.0, rng.gauss(0.0, 1.0))) for _ in range(draws)]
 
 
-#: The point's share of one draft token's cost that a step pays whatever its K: the middle of the draws' (between none
-#: and all of it). Taking none put every K below the running one at the top of its interval, and measured them high.
-FIXED = 0.5
+#: A draft pass at a K = 0 range (c0: the draft's one pass and the speculative path's set-up, measured alone) is paid
+#: once a step at any K > 0 for this share of it, the rest at each of the K passes: the point takes the middle of the
+#: draws' range (none to all of it).
+FIXED_RANGE = (0.0, 1.0)
+FIXED = sum(FIXED_RANGE) / 2
+#: At a K > 0, the share of the draft's part of the running K's step (its cost beyond a plain step, less verifying
+#: the draft tokens: :func:`specscope.verdict.cost.verify_forward_share`) that a step pays whatever its K: sampling,
+#: bookkeeping, the proposer's set-up, the draft's first pass over the accepted tokens. One K's step time does not
+#: tell it; the user-path runs' steps at K = 1 and 2, predicted from K = 4, gave 0.14-0.21 for the deep01 and tiny
+#: pairs and -0.08 to 0.05 for the wide one (under 0 where the baseline's forward fit, linear in tokens, prices
+#: verifying two tokens a request on a large model above what it costs; a share paid whatever the K is not under 0).
+#: The point takes the middle of the draws' range, fitted: over nine saved user-path runs judged again (today's
+#: among them), a point of 0.1 met 10% in more cells (284 of 348) than 0.05, 0.075, 0.15 or 0.2 (273-280).
+DRAFT_FIXED_RANGE = (0.0, 0.2)
+DRAFT_FIXED = sum(DRAFT_FIXED_RANGE) / 2
 
 
-def fixed_shares(draws: int) -> list[float]:
-    """One per draw: the share of one draft token's cost that a speculative step pays whatever its K, uniform
-    between none and all of it (one K's step time does not tell; see ``speedup._interval``)."""
+def fixed_shares(draws: int, share: tuple[float, float]) -> list[float]:
+    """One per draw: a share of the draft's cost that a speculative step pays whatever its K, uniform over the range
+    ``share`` (:data:`FIXED_RANGE`, :data:`DRAFT_FIXED_RANGE`; one K's step time does not tell, see
+    ``speedup._interval``)."""
     rng = random.Random(2)
-    return [rng.random() for _ in range(draws)]
+    low, high = share
+    return [low + (high - low) * rng.random() for _ in range(draws)]
 
 
 def quantiles(values: Sequence[float]) -> tuple[float, float]:
