@@ -55,7 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-sizes", default="1,4,16", help="comma-separated batch sizes (default 1,4,16)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per measurement; the median is kept (default 3)")
     parser.add_argument("--window-s", type=float, default=10.0,
-                        help="seconds each measurement holds its batch full (default 10)")
+                        help="seconds each measurement holds its batch full, counted once the batch turned over "
+                             "once (default 10)")
     parser.add_argument("--max-tokens", type=int, default=128,
                         help="output tokens of a prompt without max_tokens, on average: each one's drawn from half "
                         "to 1.5 times it, as served lengths vary (default 128)")
