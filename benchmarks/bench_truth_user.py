@@ -78,8 +78,8 @@ BATCHES = (1, 4, 16)
 #: The predicting run's seconds at each batch size, and each measuring round's, counted once the batch's first
 #: prompts are prefilled and it turned over once (``steady_throughput(settle=True, warm=b)``), and each lasting
 #: until as many requests as the batch holds have finished (``min_finished``): on a slow day (2026-11-27, steps 3x
-#: slower) 16 retrieval prompts took
-#: all of the 6 s to prefill, and a 4 s round at batch 16 held ~15 steps, few requests finishing (mostly decoding).
+#: slower) 16 retrieval prompts took all of the 6 s to prefill, and a 4 s round at batch 16 held ~15 steps, few
+#: requests finishing (mostly decoding).
 PREDICT_S, WINDOW_S = 6.0, 4.0
 SAMPLE_A, SAMPLE_B = tiny_models.prompts(64, seed=11), tiny_models.prompts(64, seed=12)
 #: Each prompt's output length, per sample: 48-144 tokens.

@@ -380,9 +380,11 @@ def _verify_part(snap: Snapshot, batch: int | None, measured: CostRatio | None) 
     :func:`~specscope.verdict.cost.verify_forward_share` of the baseline it was measured against. 0 where c was
     not measured (the configs' estimate prices the draft alone) or the baseline's forward was not fitted: all of c
     is then the draft's."""
-    base = usable_baseline(snap) if measured is not None and batch else None
-    share = verify_forward_share(base, batch) if base is not None and batch else None
-    return min(share, measured.value) if share is not None and measured is not None else 0.0
+    base = usable_baseline(snap)
+    if measured is None or not batch or base is None:
+        return 0.0
+    share = verify_forward_share(base, batch)
+    return 0.0 if share is None else min(share, measured.value)
 
 
 def _k0_estimate(snap: Snapshot, cost: CostRatio | None, batch: int, per_position: tuple[float, ...],
