@@ -6,9 +6,11 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +46,43 @@ def paired_ns(baseline: Callable[[], Any], ours: Callable[[], Any], calls: int,
     return statistics.median(a), statistics.median(b), statistics.median(ratios)
 
 
-def write(name: str, result: dict[str, Any]) -> None:
-    """Print ``result`` and save it as benchmarks/results/NAME.json with the machine it ran on."""
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _git(*args: str) -> str | None:
+    """The output of ``git ARGS`` in the repository, or None where git is missing or this is not a repository."""
+    try:
+        done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return done.stdout
+
+
+def provenance() -> dict[str, Any]:
+    """The code a result comes from: ``commit`` (HEAD, or "unknown") and ``dirty`` (whether the tree has changes
+    outside benchmarks/results/; None where it cannot be told)."""
+    commit, status = _git("rev-parse", "HEAD"), _git("status", "--porcelain")
+    if commit is None or status is None:
+        return {"commit": "unknown", "dirty": None}
+    paths = [p for line in status.splitlines() for p in line[3:].split(" -> ")]
+    return {"commit": commit.strip(),
+            "dirty": any(not p.strip('"').startswith("benchmarks/results/") for p in paths)}
+
+
+def write(name: str, result: dict[str, Any], *, seed: int | None = None, judged: str = "as-run") -> None:
+    """Print ``result`` and save it as benchmarks/results/NAME.json with the machine it ran on, the code that judged
+    it (``commit``, ``dirty``), the UTC ``date``, the ``seed`` (when given) and ``judged``: "as-run" for a
+    measurement, else what judged it again (a replay: "replay of X.json by <commit>"). A replay never replaces an
+    as-run file (one that says so, or from before ``judged`` was recorded): it raises FileExistsError."""
+    path = RESULTS / f"{name}.json"
+    if judged != "as-run" and path.is_file() and json.loads(path.read_text()).get("judged", "as-run") == "as-run":
+        raise FileExistsError(f"{path} holds as-run results; write the replay ({judged}) under another name")
     result = {"benchmark": name, "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
-              "python": platform.python_version(), **result}
+              "python": platform.python_version(), **result, **provenance(),
+              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              **({"seed": seed} if seed is not None else {}), "judged": judged}
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    path.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 
 
