@@ -16,7 +16,7 @@ import pytest
 from specscope import cli
 from specscope.evaluate import choose, render, results, runner, workload
 from specscope.evaluate import cli as evaluate_cli
-from specscope.evaluate.results import Candidate, Cell, Evaluation, KRun
+from specscope.evaluate.results import Candidate, Cell, Evaluation, Forecast, KRun
 from specscope.evaluate.workload import InputError, Prompt
 from specscope.model import ClassCounts
 
@@ -239,7 +239,7 @@ def cand(name: str, cells: dict[int, dict[int, list[float]]], method: str = "dra
                                          "code": ClassCounts(3, 15, 30, 12, (8, 4))})
         for b, ratios in by_b.items():
             run.cells[b] = Cell([100.0 * b] * len(ratios), [100.0 * b * r for r in ratios],
-                                predicted=ratios[0] * 1.05)
+                                explained=ratios[0] * 1.05)
             if k0 is not None:
                 run.k0_price[b] = k0
     return c
@@ -372,6 +372,13 @@ def synthetic(partial: bool = False) -> Evaluation:
         c.schedule = choose.choose_schedule(c, [1, 8], 256)
     assert good.schedule is not None
     good.schedule.cells = {1: Cell([100.0], [195.0]), 8: Cell([100.0], [112.0])}
+    # Its K=4 and its schedule predicted from its K=2 run before they were measured.
+    by_k = {1: (1.0, 1.4, 1.7, 1.9, 2.0), 8: (1.0, 1.2, 1.2, 1.1, 1.0)}
+    good.forecast_k, good.forecast = 2, {b: Forecast(ks, tuple(0.9 * x for x in ks), tuple(1.1 * x for x in ks), 0.9)
+                                         for b, ks in by_k.items()}
+    for b, ahead in good.forecast.items():
+        ahead.predict(good.runs[4].cells[b], 4)
+        ahead.predict(good.schedule.cells[b], next(ch.k for ch in good.schedule.choices if ch.batch_size == b))
     good.draft_kv = {"blocks": 85.0, "share": 0.077, "text": "the draft takes 85 KV blocks (7.7% of the capacity)"}
     if partial:
         ngram.status = "interrupted"
@@ -380,6 +387,28 @@ def synthetic(partial: bool = False) -> Evaluation:
     return Evaluation("deep01-target", settings, [weak, ngram, good],
                       {"used": 40, "skipped_long": 2, "max_model_len": 1024, "classes": {"chat": 20, "code": 20}},
                       partial=partial, note="interrupted (Ctrl-C)" if partial else None, seconds=90)
+
+
+def test_the_cross_k_error_is_judged_on_cells_predicted_before_they_were_measured() -> None:
+    """The trust figure of evaluate: the first K's forecast of another K, set before that K is measured, against
+    what it measured; the first K's own windows (explained, not predicted) are not counted."""
+    c = cand("/m/d", {2: {1: [1.5], 8: [1.0]}, 4: {1: [2.0], 8: [0.8]}})
+    by_k = {1: (1.0, 1.3, 1.5, 1.7, 2.1), 8: (1.0, 1.05, 1.0, 0.85, 0.7)}
+    c.forecast_k, c.forecast = 2, {b: Forecast(ks, tuple(0.9 * x for x in ks), tuple(1.07 * x for x in ks), 0.9)
+                                   for b, ks in by_k.items()}
+    for b, ahead in c.forecast.items():
+        ahead.predict(c.runs[4].cells[b], 4)
+    assert c.runs[4].cells[1].predicted == 2.1 and c.runs[4].cells[1].interval == pytest.approx((1.89, 2.247))
+    assert c.forecast[8].at(0) == (0.9, None)  # a K = 0 range: its price, no interval
+    trust = render.cross_k(c)
+    # K=4: 2.1x predicted, 2.0x measured (+5%, inside 1.89-2.25x); 0.7x predicted, 0.8x measured (-12.5%, outside
+    # 0.63-0.75x). K=2's cells were what it predicted from.
+    assert trust == {"from_k": 2, "cells": 2, "within_10pct": 1, "inside_interval": 1, "with_interval": 2,
+                     "median_abs_error": 0.088, "worst": {"k": 4, "batch": 8, "error": -0.125}}
+    text = render.cross_k_text(c)
+    assert text is not None and "predicted from K=2's run before measuring" in text
+    assert "1 of 2 cells within 10%" in text
+    assert render.cross_k(cand("/m/e", GOOD)) is None  # nothing predicted before it was measured: no figure
 
 
 def test_windows_walk_the_whole_file_and_engines_of_a_window_run_the_same_prompts() -> None:
@@ -405,7 +434,10 @@ def test_json_and_text_of_an_evaluation() -> None:
     good, ngram, weak = doc["candidates"]
     cell = good["by_k"]["4"]["batch"]["1"]
     assert cell["speedup"] == 2.05 and (cell["min"], cell["max"]) == (2.0, 2.1) and cell["rounds"] == [2.0, 2.1]
-    assert cell["predicted"] == 2.1 and cell["plain_tok_s"] == [100.0, 100.0]
+    assert cell["explained"] == 2.1 and cell["plain_tok_s"] == [100.0, 100.0]
+    # K=4 was predicted from K=2's run before it was measured; K=2's own cells were what it predicted from.
+    assert cell["predicted"] == 2.0 and cell["predicted_interval"] == [1.8, 2.2]
+    assert good["by_k"]["2"]["batch"]["1"]["predicted"] is None and good["cross_k"]["from_k"] == 2
     assert good["by_k"]["2"]["by_class"]["code"] == {"requests": 3, "drafted": 30, "accepted": 12,
                                                     "acceptance": 0.4, "per_position": [0.533, 0.267]}
     assert good["schedule"]["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 4, 4],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import json
+import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +24,37 @@ def _cell_dict(c: Cell) -> dict[str, Any]:
     return {"speedup": _r(c.speedup), "min": _r(lo_hi[0]) if lo_hi else None, "max": _r(lo_hi[1]) if lo_hi else None,
             "rounds": [_r(x) for x in c.ratios], "plain_tok_s": [_r(x, 1) for x in c.plain],
             "speculative_tok_s": [_r(x, 1) for x in c.spec], "predicted": _r(c.predicted),
-            "predicted_interval": None if c.interval is None else [_r(c.interval[0]), _r(c.interval[1])]}
+            "predicted_interval": None if c.interval is None else [_r(c.interval[0]), _r(c.interval[1])],
+            "explained": _r(c.explained)}
+
+
+def cross_k(c: Candidate) -> dict[str, Any] | None:
+    """How far the live verdict can be trusted on this traffic: each cell predicted from the candidate's first K
+    before it was measured, against its measurement. None where no such cell was measured."""
+    cells = c.cross_k()
+    if not cells:
+        return None
+    errors = [x.predicted / x.measured - 1.0 for x in cells]
+    worst = max(range(len(cells)), key=lambda i: abs(errors[i]))
+    return {"from_k": c.forecast_k, "cells": len(cells),
+            "within_10pct": sum(abs(e) <= 0.10 for e in errors),
+            "inside_interval": sum(x.interval[0] <= x.measured <= x.interval[1] for x in cells if x.interval),
+            "with_interval": sum(x.interval is not None for x in cells),
+            "median_abs_error": _r(statistics.median(abs(e) for e in errors)),
+            "worst": {"k": cells[worst].k, "batch": cells[worst].batch_size, "error": _r(errors[worst])}}
+
+
+def cross_k_text(c: Candidate) -> str | None:
+    """:func:`cross_k` in a line."""
+    x = cross_k(c)
+    if x is None:
+        return None
+    worst = x["worst"]
+    where = "the schedule" if worst["k"] == -1 else f"K={worst['k']}"
+    return (f"predicted from K={x['from_k']}'s run before measuring (how far the live verdict can be trusted on this "
+            f"traffic): {x['within_10pct']} of {x['cells']} cells within 10%, {x['inside_interval']} of "
+            f"{x['with_interval']} inside the interval, median error {x['median_abs_error']:.0%}, worst "
+            f"{worst['error']:+.0%} ({where} at batch {worst['batch']})")
 
 
 def to_dict(ev: Evaluation) -> dict[str, Any]:
@@ -35,7 +66,7 @@ def to_dict(ev: Evaluation) -> dict[str, Any]:
         sched = c.schedule
         cands.append({
             "name": c.name, "method": c.method, "draft": c.draft, "status": c.status, "note": c.note,
-            "score": _r(s), "tokenizer": c.tokenizer, "draft_kv_cost": c.draft_kv,
+            "score": _r(s), "tokenizer": c.tokenizer, "draft_kv_cost": c.draft_kv, "cross_k": cross_k(c),
             "by_k": {str(k): {
                 "acceptance": _r(run.acceptance), "alpha": _r(run.alpha),
                 "per_position": [_r(x) for x in run.per_position],
@@ -88,7 +119,8 @@ def _cell_text(c: Cell | None) -> str:
     lo, hi = c.spread or (c.speedup, c.speedup)
     spread = f" [{lo:.2f}-{hi:.2f}]" if len(c.ratios) > 1 else ""
     interval = f" {c.interval[0]:.2f}-{c.interval[1]:.2f}" if c.interval is not None else ""
-    return f"{c.speedup:.2f}x{spread}" + (f" (pred {c.predicted:.2f}x{interval})" if c.predicted is not None else "")
+    return f"{c.speedup:.2f}x{spread}" + (f" (predicted before {c.predicted:.2f}x{interval})"
+                                          if c.predicted is not None else "")
 
 
 def _pct(v: float | None) -> str:
@@ -123,6 +155,8 @@ def render_text(ev: Evaluation) -> str:
                      + (f": {c.note}" if c.note else ""))
         if c.draft_kv:
             lines.append(f"   KV: {c.draft_kv['text']}")
+        if (trust := cross_k_text(c)) is not None:
+            lines.append(f"   {trust}")
         for k, run in sorted(c.runs.items()):
             lines.append(f"   K={k}: " + "  ".join(f"batch {b} {_cell_text(run.cells.get(b))}" for b in sizes))
             said = [f"by position {' '.join(_pct(x) for x in run.per_position)}"] if run.per_position else []
@@ -219,8 +253,8 @@ def _predicted_vs_measured(ev: Evaluation) -> Callable[[Any], None]:
                 top = max(top, *xs, *ys)
         ax.plot([0, top * 1.05], [0, top * 1.05], "--", color="gray", linewidth=0.8)
         ax.set_xlabel("measured speedup")
-        ax.set_ylabel("specscope's predicted speedup")
-        ax.set_title("Predicted against measured (each K and batch size)")
+        ax.set_ylabel("predicted before measuring")
+        ax.set_title("Predicted from each candidate's first K, against measured")
         ax.legend(fontsize=8)
 
     return draw
@@ -258,11 +292,13 @@ def render_html(ev: Evaluation) -> str:
             why = [*c.tokenizer.get("reasons", []), *c.tokenizer.get("warnings", [])]
             facts.append(f"tokenizer: {c.tokenizer['verdict']}" + "".join(f"; {x}" for x in why))
         facts.append("KV capacity: " + (c.draft_kv["text"] if c.draft_kv else "no draft model, or not known"))
+        if (trust := cross_k_text(c)) is not None:
+            facts.append(trust)
         out.append("<ul>" + "".join(f"<li>{html.escape(f)}</li>" for f in facts) + "</ul>")
         if not c.runs:
             continue
         out.append(html_table(["K", "acceptance", "alpha", "by position",
-                                *(f"batch {b}: measured [min-max] (predicted, its interval)" for b in sizes)],
+                                *(f"batch {b}: measured [min-max] (predicted before, its interval)" for b in sizes)],
                                [(k, _pct(run.acceptance), _x(run.alpha).rstrip("x"),
                                  " ".join(_pct(x) for x in run.per_position),
                                  *(_cell_text(run.cells.get(b)) for b in sizes)) for k, run in sorted(c.runs.items())]))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from specscope.model import ClassCounts
 
@@ -20,10 +20,13 @@ class Cell:
 
     plain: list[float] = field(default_factory=list)
     spec: list[float] = field(default_factory=list)
-    #: specscope's predicted speedup here (its estimate from the run against the plain engine's step times), and
-    #: its interval where one could be drawn from the run's requests.
+    #: specscope's prediction of this cell made before it was measured (:class:`Forecast`, from the candidate's first
+    #: K), and its interval where one was drawn; None for the first K's own cells, which it was made from.
     predicted: float | None = None
     interval: tuple[float, float] | None = None
+    #: specscope's estimate from this cell's own windows (against the plain engine's steps in them): how the verdict
+    #: explains what was measured here, not how well it predicts.
+    explained: float | None = None
 
     @property
     def ratios(self) -> list[float]:
@@ -39,6 +42,38 @@ class Cell:
     def spread(self) -> tuple[float, float] | None:
         """The lowest and highest round."""
         return (min(self.ratios), max(self.ratios)) if self.ratios else None
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """What the live verdict said of every K at one batch size from a candidate's first measured K (its windows and
+    the plain engine's steps in them), before any other K was measured."""
+
+    by_k: tuple[float, ...]
+    low: tuple[float, ...]
+    high: tuple[float, ...]
+    #: Its price of a K = 0 range in vLLM's schedule.
+    k0: float
+
+    def at(self, k: int) -> tuple[float, tuple[float, float] | None]:
+        """The predicted speedup at K = ``k`` (0: a K = 0 range) and its interval, where one was drawn."""
+        if k == 0:
+            return self.k0, None
+        return self.by_k[k], (self.low[k], self.high[k]) if self.high else None
+
+    def predict(self, cell: Cell, k: int) -> None:
+        """Set ``cell``'s prediction at K = ``k`` (before it is measured)."""
+        cell.predicted, cell.interval = self.at(k)
+
+
+class Judged(NamedTuple):
+    """A cell predicted before it was measured, and its measurement."""
+
+    k: int
+    batch_size: int
+    predicted: float
+    measured: float
+    interval: tuple[float, float] | None
 
 
 @dataclass
@@ -99,6 +134,10 @@ class Candidate:
     runs: dict[int, KRun] = field(default_factory=dict)
     schedule: Schedule | None = None
     draft_kv: dict[str, Any] | None = None
+    #: The K measured first, and what the verdict predicted from it at each batch size for every other K and the
+    #: schedule, before they were measured.
+    forecast_k: int | None = None
+    forecast: dict[int, Forecast] = field(default_factory=dict)
 
     @property
     def short(self) -> str:
@@ -114,6 +153,14 @@ class Candidate:
         else:
             base = {"method": self.method, "model": self.draft}
         return {**base, "num_speculative_tokens": k}
+
+    def cross_k(self) -> list[Judged]:
+        """Every measured cell that was predicted before it was measured (the schedule's as K = -1)."""
+        cells = [(k, b, cell) for k, run in sorted(self.runs.items()) for b, cell in sorted(run.cells.items())]
+        if self.schedule is not None and self.schedule.same_as_k is None:
+            cells += [(-1, b, cell) for b, cell in sorted(self.schedule.cells.items())]
+        return [Judged(k, b, cell.predicted, measured, cell.interval) for k, b, cell in cells
+                if cell.predicted is not None and (measured := cell.speedup) is not None]
 
     def best(self, b: int) -> tuple[int, float] | None:
         """The K measured fastest at batch ``b`` and its speedup; None where nothing was measured there."""

@@ -12,7 +12,7 @@ from typing import Any
 
 from specscope import intervals
 from specscope.evaluate.choose import choose_schedule
-from specscope.evaluate.results import Candidate, Cell, Evaluation, KRun
+from specscope.evaluate.results import Candidate, Cell, Evaluation, Forecast, KRun
 from specscope.evaluate.workload import Workload
 from specscope.model import StepProfile
 
@@ -108,6 +108,8 @@ class Runner:
             try:
                 for k in ks:
                     run = cand.runs.setdefault(k, KRun(k))
+                    for b, forecast in cand.forecast.items():  # predicted before it is measured
+                        forecast.predict(run.cells.setdefault(b, Cell()), k)
                     self.spec = self._start(cand.config(k))
                     hub, plain = self._measure(self.spec, run.cells, work, sizes, f"{label} K={k}")
                     self._predict(cand, run, hub, plain, sizes)
@@ -116,6 +118,9 @@ class Runner:
                 cand.schedule = choose_schedule(cand, sizes, max_batch, one_k)
                 sched = cand.schedule
                 if sched is not None and sched.config is not None and sched.same_as_k is None:
+                    for ch in sched.choices:
+                        if (ahead := cand.forecast.get(ch.batch_size)) is not None:
+                            ahead.predict(sched.cells.setdefault(ch.batch_size, Cell()), ch.k)
                     self.spec = self._start({**cand.config(1), **sched.config})
                     self._measure(self.spec, sched.cells, work, sizes, f"{label} schedule")
                     _shutdown(self.spec)
@@ -194,18 +199,24 @@ class Runner:
 
     def _predict(self, cand: Candidate, run: KRun, hub: Any, plain: StepProfile, sizes: Sequence[int]) -> None:
         """specscope's estimate of the run against ``plain``, the target's step times without speculation in the same
-        windows (the same prompts and contexts, the machine as it ran then); acceptance by position and class; the
-        draft's KV cost."""
+        windows (the same prompts and contexts, the machine as it ran then): at this K it explains these windows; for
+        the candidate's first K it is also the forecast of every other K and the schedule, made before they are
+        measured. Acceptance by position and class; the draft's KV cost."""
         from specscope.memory import draft_kv_cost
         from specscope.verdict import estimate
 
         hub.set_baseline(plain)
         snap = hub.snapshot()
+        first = cand.forecast_k is None
+        if first:
+            cand.forecast_k = run.k
         for b in sizes:
             est = estimate(snap, batch_size=b)
             if est is not None and b in run.cells:
-                run.cells[b].predicted, run.cells[b].interval = est.expected_speedup, est.interval
+                run.cells[b].explained = est.expected_speedup
                 run.k0_price[b] = est.k0_speedup
+                if first:
+                    cand.forecast[b] = Forecast(est.by_k, est.low, est.high, est.k0_speedup)
         spec = snap.lifetime.spec
         if spec is not None:
             run.acceptance, run.alpha, run.per_position = spec.acceptance_rate, spec.alpha, tuple(spec.per_position)

@@ -74,7 +74,12 @@ def test_evaluate_ranks_the_paying_drafts_first_and_tells_the_weak_one_to_run_wi
             assert c["tokenizer"]["verdict"] == "identical"
         if name != "ngram":
             assert c["draft_kv_cost"]["blocks"] > 0
-            assert all(cell["predicted"] is not None for k in c["by_k"].values() for cell in k["batch"].values())
+            # The first K's windows are explained; every other K was predicted from them before it was measured.
+            first, *rest = sorted(c["by_k"], key=int)
+            assert all(cell["explained"] is not None and cell["predicted"] is None
+                       for cell in c["by_k"][first]["batch"].values())
+            assert all(cell["predicted"] is not None for k in rest for cell in c["by_k"][k]["batch"].values())
+            assert c["cross_k"]["from_k"] == int(first) and c["cross_k"]["cells"] >= 2 * len(rest)
     # The layer-0 draft's runs together finish requests of both classes (on a slow day the head's and n-gram's
     # 2.5 s windows finish one request each): each request's class reaches the report.
     assert {cl for k in cands[good]["by_k"].values() for cl in k["by_class"]} == {"prose", "chat"}
