@@ -5,9 +5,11 @@ decoding):
 
 1. tokenizer check: a draft whose tokenizer has the target's vocabulary size but other ids (vLLM would run it);
 2. baseline: the 12-layer target alone, calibrated at batch 1 and 16 (what makes the verdict measured);
-3. good draft (the target's own first layer, K=6): about 2x faster at batch 1; at batch 16 verifying costs more
-   than it saves. At each batch size the measured speedup (against the baseline engine, run alternately) is shown
-   beside specscope's prediction, with the K that would pay best and vLLM's schedule for it;
+3. good draft (the target's own first layer, K=6): about 2x faster at batch 1; at batch 16 verifying costs nearly
+   what it saves. specscope watches it serve one sample of the traffic and states, against scenario 2's baseline,
+   what each batch size will run at, at K=6 and at the K schedule it advises; then both are measured against the
+   plain engine (run alternately) on another sample, and each measurement is shown beside what was predicted before
+   it;
 4. weak draft (a target whose later layers matter more, so its first layer predicts it badly): acceptance under
    30%, the weak-draft and not-paying alerts fire, and the recommended K is 0;
 5. traffic classes: a draft that follows some prompts and not others, sent as two classes; the engine-wide
@@ -31,14 +33,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from specscope import intervals
 from specscope.alerts.rules import Thresholds
 from specscope.collectors.scrape import HubSource
 from specscope.evaluate.workload import output_lengths
 from specscope.fleet import Target
 from specscope.hub import Hub
-from specscope.measure import PromptOrder, live_baseline
+from specscope.measure import PromptOrder
 from specscope.model import EngineInfo, StepProfile
+from specscope.verdict.baseline import MAX_ROUNDS
 
 #: Short windows and waits so that every alert can come alive within the demo's few minutes.
 DEMO_THRESHOLDS = Thresholds(weak_draft_min_draft_tokens=100, weak_draft_for_s=3, keep_firing_for_s=600,
@@ -54,6 +56,8 @@ BATCHES = (1, 16)
 TOKENS = 96
 #: Seconds of each engine's window in a round of the good draft's measured speedup.
 ROUND_S = 5.0
+#: Seconds the good draft serves the first sample at each batch size before specscope predicts.
+PREDICT_S = 6.0
 #: Prefix caching off, as in the benchmarks and ``specscope evaluate``: the plain engine, warm from the calibration and
 #: every round before, served a third of the good draft's prompt tokens from its cache while the speculative engine
 #: (fresh, and vLLM's draft-model path hitting none) prefilled them all, which measured batch 16 about 5% under
@@ -72,14 +76,16 @@ class Demo:
         self.models = tiny_models.build()
         self.prompts = tiny_models.prompts(64, seed=5)
         self.lengths = output_lengths(len(self.prompts), TOKENS, seed=5)
+        #: What the good draft's prediction is measured on: other prompts, with their own output lengths.
+        self.sample_b = (tiny_models.prompts(64, seed=6), output_lengths(64, TOKENS, seed=6))
         self.hubs = {name: Hub(window_s=WINDOW_S) for name in SCENARIOS}
         self.measured: dict[int, float] = {}
 
     def run(self) -> None:
         """All scenarios, in order."""
         self.tokenizer_check()
-        plain, baseline = self.baseline()
-        self.good_draft(plain, baseline)
+        plain, good, baseline = self.baseline()
+        self.good_draft(plain, good)
         self._close(plain)
         self.weak_draft(baseline)
         self.traffic_classes()
@@ -109,14 +115,17 @@ class Demo:
         return specscope.LLM(str(self.models[f"{family}-target"]), specscope_hub=self.hubs[name],
                              specscope_baseline=baseline, **spec, **ENGINE)
 
-    def _tok_s(self, llm: Any, batch: int, seconds: float = 6.0, order: PromptOrder | None = None) -> float:
+    def _tok_s(self, llm: Any, batch: int, seconds: float = 6.0, order: PromptOrder | None = None,
+               sample: tuple[list[str], list[int]] | None = None) -> float:
         """Throughput with ``batch`` requests held in flight (each finished one replaced), as a server runs; with
-        ``order``, walking through the prompts with their own output lengths, counted once the first are in."""
+        ``order``, walking through the prompts (``sample``'s, else the first sample's) with their own output
+        lengths, counted once the first are in."""
         from specscope.measure import steady_throughput
 
         if order is None:
             return steady_throughput(llm, batch, seconds, self.prompts, TOKENS)
-        return steady_throughput(llm, batch, seconds, self.prompts, self.lengths, order=order, settle=True)
+        prompts, lengths = sample or (self.prompts, self.lengths)
+        return steady_throughput(llm, batch, seconds, prompts, lengths, order=order, settle=True)
 
     @staticmethod
     def _close(llm: Any) -> None:
@@ -124,59 +133,108 @@ class Demo:
 
         stop_engine(llm)
 
-    def baseline(self) -> tuple[Any, StepProfile]:
+    def baseline(self) -> tuple[Any, Any, StepProfile]:
+        """The plain target, the good draft's engine (idle, started here) and the baseline: the plain target's
+        steps timed as `specscope calibrate` times them by default, the only baseline every draft is priced against.
+        Timed with the good draft's engine idle beside it, as the good draft later runs with the plain one idle
+        beside it: an idle vLLM engine still takes ~13% of a core here, and a baseline timed alone priced the plain
+        step 15-33% under the one served beside another engine (benchmarks/bench_truth_user.py)."""
         from specscope.measure import measure_step_times
 
         name = SCENARIOS[1]
         self.show(name)
-        self.say("2/5 baseline: starting the 12-layer target alone (about 25 s on a CPU)")
+        self.say("2/5 baseline: starting the 12-layer target alone, and the good draft's engine beside it (about 25 s "
+                 "each on a CPU)")
         llm = self._engine(name, "deep01", None)
+        good = self._engine(SCENARIOS[2], "deep01", GOOD_K)
         self.say(f"2/5 baseline: timing decode steps at batch {' and '.join(map(str, BATCHES))}")
-        # Two rounds: the good draft's verdict takes the mean step from the plain engine's live steps, alternated
-        # with its own, and only the slope over context and the rounds' spread from here; the weak draft, far
-        # from paying, is priced against it as it is.
-        profile = measure_step_times(llm, BATCHES, tokens=TOKENS, rounds=2)
-        return llm, profile
+        profile = measure_step_times(llm, BATCHES, max_rounds=MAX_ROUNDS)
+        good.specscope.set_baseline(profile)
+        return llm, good, profile
 
-    def good_draft(self, plain: Any, baseline: StepProfile) -> None:
-        from specscope.verdict import config_text, estimate, recommended_config
+    def good_draft(self, plain: Any, llm: Any) -> None:
+        """Predict, then measure: specscope sees the good draft serve sample A against scenario 2's baseline (the
+        only one) and says what each batch size will run at, at K=6 and at the K it advises; then both are measured
+        against the plain engine on sample B, prompts neither engine saw."""
+        from specscope.verdict import MIN_TABLE_STEPS, config_text, estimate, k_table, recommended_config
 
-        name = SCENARIOS[2]
-        self.show(name)
-        self.say(f"3/5 good draft: starting the target with its own first layer as the draft, K={GOOD_K}")
-        llm = self._engine(name, "deep01", GOOD_K, baseline)
-        before = plain.snapshot().lifetime.step_times
+        self.show(SCENARIOS[2])
+        self.say(f"3/5 good draft: serving sample A at batch {' and '.join(map(str, BATCHES))}: what specscope "
+                 "predicts from")
+        order = PromptOrder(len(self.prompts))
         for batch in BATCHES:
-            self.say(f"3/5 good draft at batch {batch}: running it with and without speculation")
-            order = PromptOrder(len(self.prompts))
-            rates: dict[str, list[float]] = {"spec": [], "plain": []}
-            for r in range(3):  # three rounds of equal length, which goes first alternating: the machine drifts
-                pair = ((llm, "spec"), (plain, "plain")) if r % 2 == 0 else ((plain, "plain"), (llm, "spec"))
-                tok_s = {role: self._tok_s(engine, batch, ROUND_S, order) for engine, role in pair}
-                for role, rate in tok_s.items():
-                    rates[role].append(rate)
-                order.next_window()  # both engines of a round run the same prompts; the next round, the next ones
-            # Tokens over seconds of all three rounds, each engine's: the steps the prediction is made from (a
-            # median of the rounds' ratios dropped a round caught in a slow spell that those steps keep: 2.06x
-            # measured against 1.84x predicted, rounds 2.06x, 1.57x, 2.08x).
-            self.measured[batch] = statistics.mean(rates["spec"]) / statistics.mean(rates["plain"])
-            ratios = [s / p for s, p in zip(rates["spec"], rates["plain"], strict=True)]
-            # The baseline from the plain engine's own steps on the same traffic, alternated with the speculative
-            # one's: the same contexts, and the machine as it is now (a CPU shared with other work drifts by 10%
-            # in minutes); the calibration's slope prices what the contexts still differ by.
-            llm.specscope.set_baseline(live_baseline(baseline, intervals.since(plain.snapshot().lifetime.step_times,
-                                                                               before)))
-            est = estimate(llm.snapshot(), batch_size=batch)
-            predicted = "n/a" if est is None else (
-                f"{est.expected_speedup:.2f}x" + (f" ({est.interval[0]:.2f}-{est.interval[1]:.2f}x)"
-                                                  if est.interval else "") + f" (best K={est.best_k})")
-            self.say(f"3/5 good draft at batch {batch}: measured {self.measured[batch]:.2f}x, "
-                     f"specscope predicted {predicted}; rounds {', '.join(f'{x:.2f}x' for x in ratios)}")
-        config = recommended_config(llm.snapshot())
-        self.say("3/5 good draft: specscope's K schedule: "
-                 + ("turn speculation off (remove speculative_config)" if config is None else
-                    config_text(config)))
+            # Until the batch size has the decode steps its row of the K table needs (at batch 16 most steps carry a
+            # replacement's prefill: one window may hold too few that decode alone, and the table would carry batch
+            # 1's K over it).
+            for _ in range(4):
+                self._tok_s(llm, batch, PREDICT_S, order)
+                order.next_window()
+                if llm.snapshot().lifetime.step_times.get(batch, MIN_TABLE_STEPS) is not None:
+                    break
+        snap = llm.snapshot()
+        config = recommended_config(snap)
+        table = {c.batch_size: c for c in k_table(snap)}
+        promised: dict[str, dict[int, tuple[int, float, tuple[float, float] | None]]] = {"running": {}, "advice": {}}
+        for batch in BATCHES:
+            est = estimate(snap, batch_size=batch)
+            if est is None:
+                continue
+            promised["running"][batch] = (GOOD_K, est.expected_speedup, est.interval)
+            k = _scheduled_k(config, batch)
+            if k == 0 and config is None:  # speculation removed: the plain engine's speed
+                promised["advice"][batch] = (0, 1.0, None)
+            elif k == 0:
+                promised["advice"][batch] = (0, est.k0_speedup, None)
+            else:
+                band = (est.low[k], est.high[k]) if est.high else None
+                promised["advice"][batch] = (k, table[batch].speedup if batch in table and table[batch].k == k
+                                             else est.by_k[k], band)
+            self.say(f"3/5 good draft at batch {batch}: specscope predicts {_promise(promised['running'][batch])}; "
+                     f"its advice {_promise(promised['advice'][batch])}")
+        advice = ("turn speculation off (remove speculative_config)" if config is None else config_text(config))
+        self.say(f"3/5 good draft: specscope's K schedule: {advice}")
+        self.say(f"3/5 good draft: measuring K={GOOD_K} against the plain target on sample B, other prompts")
+        running = self._against_plain(llm, plain)
         self._close(llm)
+        followed = running if config == {"num_speculative_tokens": GOOD_K} else None
+        if config is not None and followed is None:
+            self.say(f"3/5 good draft: starting the advice as vLLM takes it ({config_text(config)}), measuring it "
+                     "on sample B")
+            adv = self._engine_with(config)
+            followed = self._against_plain(adv, plain)
+            self._close(adv)
+        for batch in BATCHES:
+            rounds = running.get(batch)
+            if rounds is None:
+                continue
+            self.measured[batch] = statistics.median(rounds)
+            self.say(f"3/5 good draft at batch {batch}: measured {self.measured[batch]:.2f}x on sample B, predicted "
+                     f"before {_promise(promised['running'].get(batch))}; rounds "
+                     + ", ".join(f"{x:.2f}x" for x in rounds))
+            adv_rounds = [1.0] if config is None else (followed or {}).get(batch)
+            if adv_rounds is not None and batch in promised["advice"]:
+                self.say(f"3/5 good draft at batch {batch}: its advice measured {statistics.median(adv_rounds):.2f}x, "
+                         f"predicted before {_promise(promised['advice'][batch])}")
+
+    def _engine_with(self, config: dict[str, Any]) -> Any:
+        """The good pair configured as specscope advised (off screen, on a hub of its own)."""
+        import specscope
+
+        return specscope.LLM(str(self.models["deep01-target"]), specscope_hub=Hub(), **ENGINE, speculative_config={
+            "method": "draft_model", "model": str(self.models["deep01-draft"]), **config})
+
+    def _against_plain(self, llm: Any, plain: Any) -> dict[int, list[float]]:
+        """At each batch size, three rounds of sample B, ``llm`` and the plain engine alternating which goes first
+        (the machine drifts) on the same prompts: the rounds' ratios of output tokens/s."""
+        ratios: dict[int, list[float]] = {}
+        for batch in BATCHES:
+            order = PromptOrder(len(self.sample_b))
+            for r in range(3):
+                pair = ((llm, "spec"), (plain, "plain")) if r % 2 == 0 else ((plain, "plain"), (llm, "spec"))
+                tok_s = {role: self._tok_s(engine, batch, ROUND_S, order, self.sample_b) for engine, role in pair}
+                ratios.setdefault(batch, []).append(tok_s["spec"] / tok_s["plain"])
+                order.next_window()  # both engines of a round run the same prompts; the next round, the next ones
+        return ratios
 
     def weak_draft(self, baseline: StepProfile) -> None:
         name = SCENARIOS[3]
@@ -216,6 +274,25 @@ class Demo:
         mix += [(h, "hard") for h in rest]
         steady_throughput(llm, 8, 12.0, [p for p, _ in mix], 48, [c for _, c in mix])
         self._close(llm)
+
+
+def _scheduled_k(config: dict[str, Any] | None, batch: int) -> int:
+    """The K vLLM runs at ``batch`` under ``config`` (0 where it is None: speculation removed)."""
+    if config is None:
+        return 0
+    ranges = config.get("num_speculative_tokens_per_batch_size")
+    if not ranges:
+        return int(config["num_speculative_tokens"])
+    return next((k for lo, hi, k in ranges if lo <= batch <= hi), int(ranges[-1][2]))
+
+
+def _promise(promise: tuple[int, float, tuple[float, float] | None] | None) -> str:
+    """"K=3: 2.10x (1.80-2.40x)" for a prediction (K, point, interval); "n/a" without one."""
+    if promise is None:
+        return "n/a"
+    k, point, band = promise
+    what = "speculation removed" if k == 0 and point == 1.0 and band is None else f"K={k}"
+    return f"{what}: {point:.2f}x" + (f" ({band[0]:.2f}-{band[1]:.2f}x)" if band else "")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -42,17 +42,27 @@ def test_headless_demo_fires_what_each_scenario_is_about(engines: Any, tmp_path:
     rules = set(fired[SCENARIOS[4]].split(", "))
     assert "SpecscopeWeakDraftForClass" in rules and "SpecscopeWeakDraft" not in rules, rules
     assert re.search(r"classes  hard [\d.]+% .* easy [\d.]+%", classes), classes
-    # The good draft pays at batch 1, measured and predicted; its estimate is lower at batch 16 than at batch 1.
-    # The story the README tells: about 2x at batch 1, much less at batch 16, predicted within 10% at both, and no
-    # "not paying" alert on a draft that measures 1.05x or more wherever it ran.
-    measured = {int(b): float(x) for b, x in re.findall(r"good draft at batch (\d+): measured ([\d.]+)x", out)}
-    predicted = {int(b): float(x) for b, x in re.findall(
-        r"good draft at batch (\d+): measured [\d.]+x, specscope predicted ([\d.]+)x", out)}
-    # About 2x at batch 1 on a quiet machine (2.1-2.5x); 1.65x (rounds 1.98x, 1.64x, 1.65x) in a CI run on a slow day.
-    assert measured[1] > 1.5 and measured[16] < 0.8 * measured[1], out
-    assert all(predicted[b] == pytest.approx(measured[b], rel=0.10) for b in (1, 16)), out
-    if min(measured.values()) >= 1.05:
+    # The good draft: specscope states what each batch size will run at, at K=6 and at its advice, before either is
+    # measured, and the measurements on other prompts follow. About 2x at batch 1 on a quiet machine (2.1-2.5x); 1.65x
+    # (rounds 1.98x, 1.64x, 1.65x) in a CI run on a slow day; much less at batch 16.
+    predicted = _cells(r"good draft at batch (\d+): specscope predicts K=6: ([\d.]+)x(?: \(([\d.]+)-([\d.]+)x\))?", out)
+    measured = _cells(r"good draft at batch (\d+): measured ([\d.]+)x on sample B, predicted before K=6: ([\d.]+)x",
+                      out)
+    assert set(predicted) == set(measured) == {1, 16}, out
+    assert all(out.index(f"batch {b}: specscope predicts") < out.index(f"batch {b}: measured") for b in (1, 16))
+    assert all(measured[b][1] == predicted[b][0] for b in (1, 16)), out  # the prediction shown is the one made before
+    assert measured[1][0] > 1.5 and measured[16][0] < 0.8 * measured[1][0], out
+    # Where it measures 1.3x or more, the good draft is not called "not paying": its interval (its point, without one)
+    # reaches 1.0x; no alert says so where it measured 1.3x or more at every batch size.
+    for b, (point, _, high) in predicted.items():
+        if measured[b][0] >= 1.3:
+            assert (high if high is not None else point) >= 1.0, (b, predicted[b], measured[b], out)
+    if min(m for m, _ in measured.values()) >= 1.3:
         assert "SpecscopeSpeculationNotPaying" not in fired[good], out
+    assert "speedup  speculation does NOT pay" in sections[weak], out  # the weak draft is
+    # Its advice was followed as vLLM takes it and measured, beside what was promised for it.
+    advice = _cells(r"good draft at batch (\d+): its advice measured ([\d.]+)x, predicted before [^:]+: ([\d.]+)x", out)
+    assert set(advice) == {1, 16}, out
     by_batch = dict(re.findall(r"(\d+): ([\d.]+)x", re.search(r"by batch size (.*?);", sections[
         good]).group(1)))  # type: ignore[union-attr]
     assert float(by_batch["1"]) > 1.2 and float(by_batch["1"]) > float(by_batch["16"])
@@ -64,3 +74,10 @@ def test_headless_demo_fires_what_each_scenario_is_about(engines: Any, tmp_path:
     target.poll()
     assert target.snapshot is not None and target.snapshot.lifetime.spec is not None
     assert target.snapshot.lifetime.spec.acceptance_rate < 0.3  # type: ignore[operator]
+
+
+def _cells(pattern: str, out: str) -> dict[int, tuple[float, ...]]:
+    """Each batch size's numbers from the demo's lines matching ``pattern`` (the batch size, then the numbers;
+    a number not printed is None)."""
+    return {int(b): tuple(float(x) if x else None for x in rest)  # type: ignore[misc]
+            for b, *rest in re.findall(pattern, out)}
