@@ -41,8 +41,3 @@ def together(first: Callable[[], Any], second: Callable[[], Any]) -> tuple[Any, 
         return one, started.result()
 
 
-def meets(interval: tuple[float, float], rounds: list[float]) -> bool:
-    """Whether a measurement's rounds meet the verdict's interval: both are samples (the interval covers 90% of
-    another window's outcomes, the rounds are three such windows), so they agree where their ranges overlap; a
-    median just past an end is what one cell in ten does even when the verdict is right."""
-    return min(rounds) <= interval[1] and max(rounds) >= interval[0]
