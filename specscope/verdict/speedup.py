@@ -495,9 +495,11 @@ def _interval(snap: Snapshot, batch: int | None, k: int, c: float, measured: boo
               ) -> tuple[tuple[float, float] | None, str, Callable[[int], tuple[float, ...]] | None, int]:
     """``(interval at the running K, basis, the speedup at a K in each draw, requests resampled)``: ``speedup_at``
     over the requests' resampled acceptance and, where c is measured, a plain step time drawn from the baseline's
-    spread. With too few requests to resample (a window at a large batch size may finish two), a measured c still
-    draws its step times, with acceptance as observed over the window's steps: the step times' unsureness is said,
-    and a point just under 1.0x is not called a loss on it. None with neither.
+    spread between its rounds (through c) and the machine's drift between moments (a factor on every K's speedup:
+    it moves the steps a restart runs, at whatever K). With too few requests to resample (a window at a large batch
+    size may finish two), a measured c still draws its step times, with acceptance as observed over the window's
+    steps: the step times' unsureness is said, and a point just under 1.0x is not called a loss on it. None with
+    neither.
 
     At a K other than the running one, the model's own unknown is drawn too: a speculative step pays part of its
     cost whatever its K (vLLM's speculative path: sampling, bookkeeping, the proposer's set-up), and one K's step
@@ -510,25 +512,25 @@ def _interval(snap: Snapshot, batch: int | None, k: int, c: float, measured: boo
     base = usable_baseline(snap)
     rows = [t for t in base.times if t.steps >= MIN_STEPS] if base is not None and measured and batch else []
     spread = min(rows, key=lambda t: abs(t.batch_size - (batch or 1))).spread if rows else 0.0
-    # The baseline was timed at another moment, and the window a restart is judged on will be another again: the
-    # machine's speed moves between moments (its own rounds, back to back, do not see that), the plain step's since
-    # the baseline and the speculative step's since this window, each by the live steps' spread from second to
-    # second, or as the baseline's rounds moved from one to the next (seconds apart: the machine moves at least as
-    # much between moments minutes apart), and at least by what each step time drifted between moments on a quiet one.
+    # The baseline was timed at another moment, and a restart will run at another again: the machine's speed moves
+    # between moments, the plain step's since the baseline and the speculative step's since this window, each by
+    # what the run measured it move, the live steps' spread from second to second or the baseline's from round to
+    # round (the larger); by the drift assumed (measured on CPU machines) only where the run measured neither.
     live = steps_at(snap, batch) if rows and batch else None
     seconds = live.spread if live is not None else 0.0
     moved = max(seconds, spread)
-    drift = (max(moved, uncertainty.SPEC_DRIFT), max(moved, uncertainty.PLAIN_DRIFT)) if rows else (0.0, 0.0)
+    drift = ((moved, moved) if moved else (uncertainty.SPEC_DRIFT, uncertainty.PLAIN_DRIFT)) if rows else (0.0, 0.0)
 
     def why(d: float) -> str:
         return ("as the live steps move from second to second" if seconds >= d else
-                "as the baseline's rounds moved" if spread >= d else "the least assumed")
+                "as the baseline's rounds moved" if spread >= d else "the least assumed (no spread measured)")
 
     spec_why, plain_why = why(drift[0]), why(drift[1])
     each = (f"{drift[0]:.0%}, {spec_why}" if drift[0] == drift[1] else
             f"speculative {drift[0]:.1%}, plain {drift[1]:.1%}, {spec_why}" if spec_why == plain_why else
             f"speculative {drift[0]:.1%} ({spec_why}), plain {drift[1]:.1%} ({plain_why})")
-    spread = (spread * spread + drift[0] * drift[0] + drift[1] * drift[1]) ** 0.5
+    rounds, apart = spread, (drift[0] * drift[0] + drift[1] * drift[1]) ** 0.5
+    spread = (rounds * rounds + apart * apart) ** 0.5
     if not resampled and not spread:
         return None, "", None, 0
     accepted = res.draws if res is not None and resampled else (uncertainty.AS_OBSERVED,) * uncertainty.DRAWS
@@ -536,13 +538,14 @@ def _interval(snap: Snapshot, batch: int | None, k: int, c: float, measured: boo
     n = max(k, 1)  # draft tokens a step pays c for (at a K = 0 range, c is its steps' cost c0: one a step)
     draws = [(tuple(r * (d.rates[i] if i < len(d.rates) else 1.0) for i, r in enumerate(rates)),
               min(0.999, a * d.alpha), 1.0 + (tokens - 1.0) * d.gained,
-              max(0.0, ((1.0 + n * c) / m - 1.0) / n) if spread else c, f)
-             for d, m, f in zip(accepted, uncertainty.noise(len(accepted), spread),
+              max(0.0, ((1.0 + n * c) / m - 1.0) / n) if rounds else c, f)
+             for d, m, f in zip(accepted, uncertainty.noise(len(accepted), rounds),
                                 uncertainty.fixed_shares(len(accepted), fixed), strict=True)]
+    drifted = uncertainty.noise(len(draws), apart, seed=3)
 
     @functools.cache
     def at(j: int) -> tuple[float, ...]:
-        return tuple(speedup_at(j, *x) for x in draws)
+        return tuple(speedup_at(j, *x) * g for x, g in zip(draws, drifted, strict=True))
 
     steps = (f"a {spread:.0%} spread of the step times' ratio (the baseline's rounds, and each step time's drift "
              f"between moments: {each})") if spread else ""
