@@ -41,11 +41,25 @@ loses), the deep01 target with its layer-0 draft (40.6M) on short prompts and on
 passages from one corpus and the question, ~450 tokens: a context the calibration's short prompts do not have), and
 a wide target built here (12 layers of width 1024, 158M parameters) with its layer-0 draft.
 
+**Fresh** (``--fresh [SEED]``, SEED drawn and printed when not given): what the run is judged on drawn from SEED
+(:mod:`benchmarks.fresh`): draft-model pairs never built before, an EAGLE-3 head and n-gram lookup on drawn targets,
+short chat and 300+-token retrieval-style traffic from a generator the tests do not use; K 1, 2, 3, 4, 6 at batch
+1, 4, 16 on each pair and shape, from one plain engine and one engine per K serving both shapes; a cell's rounds go on
+(``--min-rounds`` 2 to ``--max-rounds`` 4) until their range is under 5% of their median, and each cell reports it;
+and the advice as vLLM takes it (``recommended_config`` of the predicting snapshot, run on its own engine where it is
+not one of the fixed Ks measured) beside the best fixed K measured (or plain). The summaries, overall and per pair and
+shape, count the goals: within 10%, inside the interval, wrong "not paying" calls, the interval's half-width at the
+running K at most 15% of its point, the advice within 5% of the best. ``--smoke``: the code paths only (numbers not to
+keep, written as ``smoke_fresh_SEED``).
+
 Run: python benchmarks/bench_truth_user.py [--pairs tiny,deep01,deep01-rag,wide01] [--rounds 3] [--results NAME]
+     python benchmarks/bench_truth_user.py --fresh [SEED] [--draft-pairs 2] [--only draft0,eagle3,...]
 Results: benchmarks/results/truth_user.json (and truth_user.md, the table); each pair's predicting snapshot in
-truth_user_<pair>.snapshot.json, which ``--replay`` judges again with the checkout's verdict (``--replay-as NAME``:
-written as NAME, the results as measured kept). ``--results`` names them otherwise (``truth_user_slow``: the run of
-a slow day).
+truth_user_<pair>.snapshot.json, which ``--replay`` judges again with the checkout's verdict. ``--results`` names them
+otherwise (``truth_user_slow``: the run of a slow day); a fresh run's are truth_fresh_<SEED>.json, .md and
+truth_fresh_<SEED>_<pair>-<shape>.snapshot.json. Every file records the commit, whether the tree was dirty, the date,
+the seed (fresh) and ``judged``: "as-run", or for a replay "replay of <file> by <commit>"; a replay of as-run results
+must be written under another name (``--replay-as NAME``), which keeps them as measured.
 """
 
 from __future__ import annotations
@@ -57,6 +71,8 @@ import os
 import random
 import statistics
 import sys
+import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -65,7 +81,8 @@ from unittest import mock
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-from benchmarks._common import RESULTS, write
+from benchmarks import fresh
+from benchmarks._common import RESULTS, provenance, write
 from specscope import codec, intervals, tiny_models
 from specscope.evaluate.workload import output_lengths
 from specscope.measure import PromptOrder, measure_step_times, steady_throughput
@@ -73,6 +90,8 @@ from specscope.tiny_models.models import llama_config
 from specscope.verdict.baseline import MAX_ROUNDS
 
 KS = (1, 2, 4, 6)
+#: The fresh run's Ks (``--fresh``).
+FRESH_KS = (1, 2, 3, 4, 6)
 RUNNING_K = 4
 BATCHES = (1, 4, 16)
 #: The predicting run's seconds at each batch size, and each measuring round's, counted once the batch's first
@@ -81,6 +100,10 @@ BATCHES = (1, 4, 16)
 #: slower) 16 retrieval prompts took all of the 6 s to prefill, and a 4 s round at batch 16 held ~15 steps, few
 #: requests finishing (mostly decoding).
 PREDICT_S, WINDOW_S = 6.0, 4.0
+#: A fresh cell's rounds go on (up to ``--max-rounds``) until their range is under this share of their median.
+SPREAD = 0.05
+#: The fresh models' context (prompts up to ~600 tokens and their outputs).
+FRESH_LENGTH = 1024
 SAMPLE_A, SAMPLE_B = tiny_models.prompts(64, seed=11), tiny_models.prompts(64, seed=12)
 #: Each prompt's output length, per sample: 48-144 tokens.
 TOKENS_A, TOKENS_B = output_lengths(64, 96, seed=11), output_lengths(64, 96, seed=12)
@@ -136,12 +159,16 @@ def pairs() -> dict[str, tuple[Path, Path, int, tuple[list[str], list[str]]]]:
     return out | {"wide01": (*wide_pair(tiny_models.cache_root().parent / "bench-models"), 1024, short)}
 
 
-def engine(target: Path, length: int, draft: Path | None = None, k: int = 0, **kw: Any) -> Any:
+def draft_config(draft: Path, k: int) -> dict[str, Any]:
+    """The ``speculative_config`` of ``draft`` at K = ``k``."""
+    return {"method": "draft_model", "model": str(draft), "num_speculative_tokens": k}
+
+
+def engine(target: Path, length: int, speculative: dict[str, Any] | None = None, **kw: Any) -> Any:
     import specscope
     from specscope.hub import Hub
 
-    spec: dict[str, Any] = {} if draft is None else {
-        "speculative_config": {"method": "draft_model", "model": str(draft), "num_speculative_tokens": k}}
+    spec: dict[str, Any] = {} if speculative is None else {"speculative_config": speculative}
     # Prefix caching off, as in bench_truth and `specscope evaluate`: the plain engine serves sample B beside every
     # K's engine in turn, and with its cache warm from the K before, it would prefill the prompts it saw for nothing
     # while each fresh speculative engine pays them (served traffic's new prompts are paid by both).
@@ -156,13 +183,11 @@ def shutdown(llm: Any) -> None:
 
 def run_pair(name: str, target: Path, draft: Path, length: int, samples: tuple[list[str], list[str]],
              rounds: int, stem: str) -> dict[str, Any]:
-    from specscope.verdict import estimate
-
     plain = engine(target, length)
     # Every phase runs with one engine idle beside the one at work, as the measuring rounds must (they alternate the
     # two): an idle vLLM worker here still takes ~13% of a core, and calibrated alone, the tiny target's plain step
     # was priced 15-33% under the one it served beside the speculative engine (-5% to +10% calibrated beside it).
-    spec = engine(target, length, draft, RUNNING_K)
+    spec = engine(target, length, draft_config(draft, RUNNING_K))
     print(f"{name}: calibrating as `specscope calibrate` does by default", flush=True)
     baseline = measure_step_times(plain, BATCHES, max_rounds=MAX_ROUNDS)
     spec.specscope.set_baseline(baseline)
@@ -173,58 +198,94 @@ def run_pair(name: str, target: Path, draft: Path, length: int, samples: tuple[l
         order.next_window()
     snap = spec.snapshot()
     (RESULTS / f"{stem}_{name}.snapshot.json").write_text(json.dumps(codec.to_dict(snap)) + "\n")
-    estimates = {b: estimate(snap, batch_size=b) for b in BATCHES}
-    predicting_tokens = _tokens_per_step(snap.lifetime.step_times)
-    predicting_ms = _step_ms(snap.lifetime.step_times)
     shutdown(spec)
-    measured: dict[int, dict[int, float]] = {}
     rounds_seen: dict[tuple[int, int], list[float]] = {}
     serving = plain.snapshot().lifetime.step_times
-    measuring_tokens: dict[int, float | None] = {}
-    measuring_ms: dict[int, float | None] = {}
+    measuring = None
     for k in KS:
-        spec = engine(target, length, draft, k)
-        measured[k] = {}
+        spec = engine(target, length, draft_config(draft, k))
         for b in BATCHES:
-            ratios, order = [], PromptOrder(len(samples[1]))
-            for r in range(rounds):
-                first, second = (spec, plain) if r % 2 else (plain, spec)
-                got = {id(llm): steady_throughput(llm, b, WINDOW_S, samples[1], TOKENS_B, order=order, settle=True,
-                                                  min_finished=b, warm=b) for llm in (first, second)}
-                ratios.append(got[id(spec)] / got[id(plain)])
-                order.next_window()
-            measured[k][b] = statistics.median(ratios)
-            rounds_seen[(k, b)] = ratios
+            rounds_seen[(k, b)] = measure_cell(spec, plain, b, samples[1], TOKENS_B, rounds, rounds, WINDOW_S)
         if k == RUNNING_K:
-            measuring_tokens = _tokens_per_step(spec.snapshot().lifetime.step_times)
-            measuring_ms = _step_ms(spec.snapshot().lifetime.step_times)
+            measuring = spec.snapshot().lifetime.step_times
         shutdown(spec)
-        print(f"{name} K={k}: measured " + ", ".join(f"batch {b} {measured[k][b]:.2f}x" for b in BATCHES),
-              flush=True)
+        print(f"{name} K={k}: measured " + ", ".join(f"batch {b} {statistics.median(rounds_seen[(k, b)]):.2f}x"
+                                                     for b in BATCHES), flush=True)
     serving = intervals.since(plain.snapshot().lifetime.step_times, serving)
     shutdown(plain)
-    cells = [{"k": k, "batch": b, "measured": round(measured[k][b], 3),
-              "rounds": [round(x, 3) for x in rounds_seen[(k, b)]]} for k in KS for b in BATCHES]
-    result = {"cells": judge(cells, estimates), **_estimated(estimates),
-            "baseline": [{"batch": t.batch_size, "ms": round(1e3 * t.mean_s, 2), "context": round(t.context, 1),
-                          "us_per_context_token": round(1e6 * t.context_slope, 2), "spread": round(t.spread, 3)}
-                         for t in baseline.times],
-            # Where a wrong prediction comes from: the plain engine's own steps while it served sample B beside
-            # the calibration's, the running K's tokens a request gained per step on sample A (predicting) and on
-            # sample B (measuring) ...
-            "plain_serving_ms": {b: round(1e3 * t.mean_s, 2) for b in BATCHES
-                                 if (t := serving.get(b)) is not None},
-            "plain_priced_ms": _priced(baseline, {b: t.context for b in BATCHES if (t := serving.get(b)) is not None}),
-            "plain_serving_context": {b: round(t.context, 1) for b in BATCHES if (t := serving.get(b)) is not None},
-            "tokens_per_step": {"sample_a": predicting_tokens, "sample_b": measuring_tokens},
-            # ... and the running K's own decode steps in both: the prediction takes sample A's.
-            "spec_step_ms": {"sample_a": predicting_ms, "sample_b": measuring_ms},
-            **_verdict_plain(snap)}
-    anchored(snap, result)
+    return assemble(rounds_seen, snap, baseline, serving, measuring, BATCHES)
+
+
+def measure_cell(spec: Any, plain: Any, b: int, prompts: list[str], tokens: list[int], min_rounds: int,
+                 max_rounds: int, window_s: float) -> list[float]:
+    """The ratios of ``spec``'s output tokens/s to ``plain``'s at batch ``b`` in alternating rounds, each walking on
+    through ``prompts``: ``min_rounds``, then more while their spread (:func:`spread`) is :data:`SPREAD` or more, up
+    to ``max_rounds``."""
+    ratios: list[float] = []
+    order = PromptOrder(len(prompts))
+    while len(ratios) < min_rounds or (len(ratios) < max_rounds and spread(ratios) >= SPREAD):
+        first, second = (spec, plain) if len(ratios) % 2 else (plain, spec)
+        got = {id(llm): steady_throughput(llm, b, window_s, prompts, tokens, order=order, settle=True,
+                                          min_finished=b, warm=b) for llm in (first, second)}
+        ratios.append(got[id(spec)] / got[id(plain)])
+        order.next_window()
+    return ratios
+
+
+def spread(ratios: list[float]) -> float:
+    """The rounds' range over their median (what each cell reports as ``rounds_spread``)."""
+    return (max(ratios) - min(ratios)) / statistics.median(ratios)
+
+
+def assemble(rounds: dict[tuple[int, int], list[float]], snap: Any, baseline: Any, serving: Any, measuring: Any,
+             batches: Sequence[int]) -> dict[str, Any]:
+    """A pair's results: each (K, batch) cell's ``rounds`` judged against the predicting snapshot ``snap``, with
+    where a wrong prediction comes from: the ``baseline`` it priced with, the plain engine's own steps while it
+    served sample B (``serving``) and the running K's steps on sample B (``measuring``)."""
+    from specscope.verdict import estimate
+
+    estimates = {b: estimate(snap, batch_size=b) for b in batches}
+    cells = [{"k": k, "batch": b, "measured": round(statistics.median(r), 3), "rounds": [round(x, 3) for x in r]}
+             for (k, b), r in sorted(rounds.items())]
+    result = {"cells": judge(cells, estimates), **_estimated(estimates), "running_k": running_interval(estimates),
+              "baseline": [{"batch": t.batch_size, "ms": round(1e3 * t.mean_s, 2), "context": round(t.context, 1),
+                            "us_per_context_token": round(1e6 * t.context_slope, 2), "spread": round(t.spread, 3)}
+                           for t in baseline.times],
+              # Where a wrong prediction comes from: the plain engine's own steps while it served sample B beside
+              # the calibration's, the running K's tokens a request gained per step on sample A (predicting) and on
+              # sample B (measuring) ...
+              "plain_serving_ms": {b: round(1e3 * t.mean_s, 2) for b in batches
+                                   if (t := serving.get(b)) is not None},
+              "plain_priced_ms": _priced(baseline, {b: t.context for b in batches
+                                                    if (t := serving.get(b)) is not None}),
+              "plain_serving_context": {b: round(t.context, 1) for b in batches
+                                        if (t := serving.get(b)) is not None},
+              "tokens_per_step": {"sample_a": _tokens_per_step(snap.lifetime.step_times, batches),
+                                  "sample_b": _tokens_per_step(measuring, batches)},
+              # ... and the running K's own decode steps in both: the prediction takes sample A's.
+              "spec_step_ms": {"sample_a": _step_ms(snap.lifetime.step_times, batches),
+                               "sample_b": _step_ms(measuring, batches)},
+              **_verdict_plain(snap, batches)}
+    anchored(snap, result, batches)
     return result
 
 
-def _verdict_plain(snap: Any) -> dict[str, Any]:
+def running_interval(estimates: dict[int, Any]) -> dict[int, dict[str, Any] | None]:
+    """At each batch size, the estimate at the running K, its interval and the interval's half-width over the point
+    (``within_15pct``: at most 15%)."""
+    out: dict[int, dict[str, Any] | None] = {}
+    for b, est in estimates.items():
+        if est is None:
+            out[b] = None
+            continue
+        point = est.by_k[RUNNING_K]
+        half = (est.high[RUNNING_K] - est.low[RUNNING_K]) / 2 / point if est.high else None
+        out[b] = {"point": round(point, 3), "half_width": None if half is None else round(half, 3),
+                  "within_15pct": None if half is None else half <= 0.15}
+    return out
+
+
+def _verdict_plain(snap: Any, batches: Sequence[int] = BATCHES) -> dict[str, Any]:
     """The plain step the verdict priced at each batch size (``plain_verdict_ms``; with the baseline's forward
     anchored to the predicting run's where it could be, ``anchored``) and the target's forward in ms at the tokens
     it ran, in the predicting run and in the baseline (``forward``), and the baseline's fit of its forwards
@@ -234,9 +295,9 @@ def _verdict_plain(snap: Any) -> dict[str, Any]:
 
     if snap.baseline is None:
         return {}
-    priced = {b: plain_step(snap, snap.baseline, b) for b in BATCHES}
+    priced = {b: plain_step(snap, snap.baseline, b) for b in batches}
     forward = {name: {t.batch_size: [round(1e3 * t.forward_s, 2), round(t.forward_tokens, 1)]
-                      for t in profile.times if t.forwards and t.batch_size in BATCHES}
+                      for t in profile.times if t.forwards and t.batch_size in batches}
                for name, profile in (("predicting", snap.lifetime.step_times), ("baseline", snap.baseline))}
     return {"plain_verdict_ms": {b: round(1e3 * t, 2) for b, (t, _, _) in priced.items() if t},
             "anchored": {b: anchored for b, (_, _, anchored) in priced.items()}, "forward": forward,
@@ -250,7 +311,7 @@ def _estimated(estimates: dict[int, Any]) -> dict[str, dict[int, Any]]:
                                ("interval_basis", lambda e: e.interval_basis))}
 
 
-def anchored(snap: Any, pair: dict[str, Any]) -> None:
+def anchored(snap: Any, pair: dict[str, Any], batches: Sequence[int] = BATCHES) -> None:
     """Each cell's error without the verdict's own anchor (``error_unanchored``: no live forward timed), and had the
     baseline been anchored to the machine's speed, two ways, at each batch size:
 
@@ -263,14 +324,14 @@ def anchored(snap: Any, pair: dict[str, Any]) -> None:
     from specscope.verdict import cost, estimate
 
     unanchored = _without_forwards(snap)
-    for b in BATCHES:
+    for b in batches:
         est = estimate(unanchored, batch_size=b)
         for cell in pair["cells"]:
             if cell["batch"] == b and est is not None:
                 cell["error_unanchored"] = round(est.by_k[cell["k"]] / cell["measured"] - 1.0, 3)
     served, priced = pair.get("plain_serving_ms", {}), pair.get("plain_priced_ms", {})
     spec = pair.get("spec_step_ms") or {}
-    for b in BATCHES:
+    for b in batches:
         s, p = served.get(b, served.get(str(b))), priced.get(b, priced.get(str(b)))
         a, m = (spec.get(name, {}).get(b, spec.get(name, {}).get(str(b))) for name in ("sample_a", "sample_b"))
         if not s or not p or snap.baseline is None:
@@ -326,22 +387,108 @@ def judge(cells: list[dict[str, Any]], estimates: dict[int, Any]) -> list[dict[s
     return out
 
 
+def run_fresh(pair: fresh.Pair, root: Path, data: dict[str, Any], batches: Sequence[int], ks: Sequence[int],
+              args: argparse.Namespace, stem: str) -> dict[str, dict[str, Any]]:
+    """One drawn pair on each traffic shape of ``data`` (shape -> (sample A, sample B), each (prompts, output
+    lengths)), as :func:`run_pair` runs a named one, one plain engine serving every shape and each K's engine every
+    shape in turn; the cells' rounds go on while they spread (:func:`measure_cell`); and the advice the predicting
+    snapshot gives (``recommended_config``) run as vLLM takes it and set beside the best fixed K measured."""
+    from specscope.verdict import config_text, merge_profiles, recommended_config
+
+    target = root / pair.name / "target"
+    plain = engine(target, FRESH_LENGTH)
+    spec = engine(target, FRESH_LENGTH, pair.speculative_config(root, RUNNING_K))
+    print(f"{pair.name} ({pair.describe()}): calibrating as `specscope calibrate` does by default", flush=True)
+    baseline = measure_step_times(plain, batches, max_rounds=MAX_ROUNDS)
+    snaps = {}
+    for i, shape in enumerate(data):
+        if i:  # each shape's prediction from an engine of its own, with the same calibration
+            spec = engine(target, FRESH_LENGTH, pair.speculative_config(root, RUNNING_K))
+        spec.specscope.set_baseline(baseline)
+        (prompts, tokens), _ = data[shape]
+        order = PromptOrder(len(prompts))
+        for b in batches:
+            steady_throughput(spec, b, args.predict_s, prompts, tokens, order=order, settle=True, min_finished=b,
+                              warm=b)
+            order.next_window()
+        snaps[shape] = spec.snapshot()
+        (RESULTS / f"{stem}_{pair.name}-{shape}.snapshot.json").write_text(json.dumps(codec.to_dict(snaps[shape]))
+                                                                          + "\n")
+        shutdown(spec)
+    rounds: dict[str, dict[tuple[int, int], list[float]]] = {shape: {} for shape in data}
+    serving: dict[str, list[Any]] = {shape: [] for shape in data}
+    measuring: dict[str, Any] = {}
+
+    def measure(spec: Any, shape: str, label: str) -> tuple[dict[int, list[float]], Any]:
+        """Sample B of ``shape`` at each batch size: the rounds, and ``spec``'s own steps meanwhile."""
+        (prompts, tokens), cells = data[shape][1], {}
+        before, own = plain.snapshot().lifetime.step_times, spec.snapshot().lifetime.step_times
+        for b in batches:
+            t0 = time.monotonic()
+            cells[b] = measure_cell(spec, plain, b, prompts, tokens, args.min_rounds, args.max_rounds, args.window_s)
+            print(f"{pair.name}-{shape} {label} batch {b}: {statistics.median(cells[b]):.2f}x "
+                  f"(spread {spread(cells[b]):.0%}, {len(cells[b])} rounds, {time.monotonic() - t0:.0f} s)",
+                  flush=True)
+        serving[shape].append(intervals.since(plain.snapshot().lifetime.step_times, before))
+        return cells, intervals.since(spec.snapshot().lifetime.step_times, own)
+
+    for k in ks:
+        spec = engine(target, FRESH_LENGTH, pair.speculative_config(root, k))
+        for shape in data:
+            cells, own = measure(spec, shape, f"K={k}")
+            rounds[shape].update({(k, b): r for b, r in cells.items()})
+            if k == RUNNING_K:
+                measuring[shape] = own
+        shutdown(spec)
+    out = {}
+    for shape, snap in snaps.items():
+        config = recommended_config(snap)
+        if config is None:
+            advice = {b: 1.0 for b in batches}
+            how = "speculation removed: the plain engine"
+        elif set(config) == {"num_speculative_tokens"} and config["num_speculative_tokens"] in ks:
+            advice = {b: statistics.median(rounds[shape][(config["num_speculative_tokens"], b)]) for b in batches}
+            how = "one fixed K: its cells"
+        else:
+            spec = engine(target, FRESH_LENGTH, pair.speculative_config(root, 0) | config)
+            cells, _ = measure(spec, shape, "advice")
+            shutdown(spec)
+            advice = {b: statistics.median(r) for b, r in cells.items()}
+            how = "its own engine"
+        result = assemble(rounds[shape], snap, baseline, merge_profiles(serving[shape]), measuring[shape], batches)
+        result["advice"] = {"config": config, "text": "off" if config is None else config_text(config),
+                            "measured_as": how, "by_batch": {}}
+        for b in batches:
+            best_k, best = max([(0, 1.0)] + [(k, statistics.median(rounds[shape][(k, b)])) for k in ks],
+                               key=lambda x: x[1])
+            result["advice"]["by_batch"][b] = {"measured": round(advice[b], 3), "best_k": best_k,
+                                               "best": round(best, 3), "within_5pct": advice[b] >= 0.95 * best}
+        out[f"{pair.name}-{shape}"] = {"pair": pair.describe(), "method": pair.method, "shape": shape, **result}
+    shutdown(plain)
+    return out
+
+
 def replay(stem: str) -> dict[str, Any]:
     """The results saved as ``stem`` judged again by this checkout's verdict, on each pair's saved predicting
     snapshot: a change to the model is checked against the same measurements without running the engines again."""
-    from specscope.verdict import estimate
+    from specscope.verdict import estimate, recommended_config
 
     doc = json.loads((RESULTS / f"{stem}.json").read_text())
     for name, pair in doc["pairs"].items():
         snap = codec.from_dict(json.loads((RESULTS / f"{stem}_{name}.snapshot.json").read_text()))
-        estimates = {b: estimate(snap, batch_size=b) for b in BATCHES}
+        batches = sorted({c["batch"] for c in pair["cells"]})
+        estimates = {b: estimate(snap, batch_size=b) for b in batches}
         pair["cells"] = judge(pair["cells"], estimates)
-        pair.update(_estimated(estimates) | _verdict_plain(snap))
+        pair.update(_estimated(estimates) | _verdict_plain(snap, batches) | {"running_k": running_interval(estimates)})
+        if "advice" in pair:  # measured as run: the advice this checkout would give beside it, not measured
+            pair["advice"]["config_now"] = recommended_config(snap)
         if snap.baseline is not None:
             pair["plain_priced_ms"] = _priced(snap.baseline, {int(b): context for b, context
                                                               in pair["plain_serving_context"].items()})
-        anchored(snap, pair)
+        anchored(snap, pair, batches)
     doc["summary"] = summarize(doc["pairs"])
+    if "summary_by_pair" in doc:
+        doc["summary_by_pair"] = {name: summarize({name: pair}) for name, pair in doc["pairs"].items()}
     return doc
 
 
@@ -352,15 +499,15 @@ def _priced(baseline: Any, contexts: dict[int, float]) -> dict[int, float]:
             if (priced := baseline.at(b, context=context)) is not None}
 
 
-def _step_ms(times: Any) -> dict[int, float | None]:
-    """The mean decode step in milliseconds at each batch size of the benchmark."""
-    return {b: None if (t := times.get(b)) is None else round(1e3 * t.mean_s, 2) for b in BATCHES}
+def _step_ms(times: Any, batches: Sequence[int]) -> dict[int, float | None]:
+    """The mean decode step in milliseconds at each of ``batches``."""
+    return {b: None if (t := times.get(b)) is None else round(1e3 * t.mean_s, 2) for b in batches}
 
 
-def _tokens_per_step(times: Any) -> dict[int, float | None]:
-    """Tokens a request gained per decode step at each batch size of the benchmark."""
+def _tokens_per_step(times: Any, batches: Sequence[int]) -> dict[int, float | None]:
+    """Tokens a request gained per decode step at each of ``batches``."""
     out: dict[int, float | None] = {}
-    for b in BATCHES:
+    for b in batches:
         t = times.get(b)
         x = None if t is None else t.tokens_per_request_step
         out[b] = None if x is None else round(x, 3)
@@ -368,16 +515,25 @@ def _tokens_per_step(times: Any) -> dict[int, float | None]:
 
 
 def summarize(results: dict[str, Any]) -> dict[str, Any]:
+    """The goals over ``results``' cells: within 10%, inside the interval, the calls, wrong "not paying" calls, the
+    interval's half-width at the running K (at most 15% of the point, per batch size) and, where measured, the
+    advice as vLLM took it (within 5% of the best fixed K or plain, per batch size)."""
     cells = [c for r in results.values() for c in r["cells"] if c["predicted"] is not None]
     intervals = [c for c in cells if c["inside_interval"] is not None]
     calls = [c for c in cells if c["call_right"] is not None]
+    halves = [h["within_15pct"] for r in results.values() for h in (r.get("running_k") or {}).values()
+              if h is not None and h["within_15pct"] is not None]
+    advice = [a["within_5pct"] for r in results.values() if "advice" in r for a in r["advice"]["by_batch"].values()]
     return {"cells": len(cells),
             "within_10pct": sum(c["within_10pct"] for c in cells),
             "inside_interval": sum(c["inside_interval"] for c in intervals), "with_interval": len(intervals),
             "calls_right": sum(c["call_right"] for c in calls), "calls": len(calls),
             "wrong_not_paying": sum(c["wrong_not_paying"] for c in cells),
-            # Cells whose own measurement is no finer than the 10% goal: their rounds span more than 10%.
+            # Cells whose own measurement is no finer than the 10% goal: their rounds span more than 10% (5%).
             "measured_rounds_over_10pct": sum(c["rounds_spread"] > 0.10 for c in cells),
+            "measured_rounds_over_5pct": sum(c["rounds_spread"] >= SPREAD for c in cells),
+            "half_width_within_15pct": sum(halves), "half_widths": len(halves),
+            **({"advice_within_5pct": sum(advice), "advice_batches": len(advice)} if advice else {}),
             **{f"within_10pct_{key[6:]}": sum(abs(c[key]) <= 0.10 for c in cells if key in c)
                for key in ("error_unanchored", "error_as_served", "error_at_moment")},
             **measurement_ceiling([c["rounds"] for c in cells])}
@@ -397,48 +553,146 @@ def measurement_ceiling(rounds: list[list[float]], draws: int = 20000) -> dict[s
 
 
 def table(results: dict[str, Any]) -> str:
-    lines = ["| pair | K | " + " | ".join(f"batch {b}: measured / predicted (interval)" for b in BATCHES) + " |",
-             "|---|---|" + "---|" * len(BATCHES)]
+    """The results as markdown: each cell's measured speedup [its rounds' spread] / prediction (interval), the plain
+    step priced and served, and the advice where measured."""
+    cells = [c for r in results.values() for c in r["cells"]]
+    batches = sorted({c["batch"] for c in cells})
+    lines = ["| pair | K | " + " | ".join(f"batch {b}: measured [spread] / predicted (interval)" for b in batches)
+             + " |", "|---|---|" + "---|" * len(batches)]
     for name, r in results.items():
         by = {(c["k"], c["batch"]): c for c in r["cells"]}
-        for k in KS:
+        for k in sorted({c["k"] for c in r["cells"]}):
             row = []
-            for b in BATCHES:
-                c = by[(k, b)]
-                iv = c.get("interval")
-                row.append(f"{c['measured']:.2f} / " + ("n/a" if c["predicted"] is None else f"{c['predicted']:.2f}")
+            for b in batches:
+                c = by.get((k, b))
+                iv = c and c.get("interval")
+                row.append("n/a" if c is None else f"{c['measured']:.2f} [{c['rounds_spread']:.0%}] / "
+                           + ("n/a" if c["predicted"] is None else f"{c['predicted']:.2f}")
                            + ("" if not iv else f" ({iv[0]:.2f}-{iv[1]:.2f})"))
             lines.append(f"| {name} | {k} | " + " | ".join(row) + " |")
+    advised = {name: r["advice"] for name, r in results.items() if "advice" in r}
+    if advised:
+        lines += ["", "The advice as vLLM took it (`recommended_config` of the predicting snapshot) against the best "
+                  "fixed K measured (K = 0: plain)", "", "| pair | advice | " + " | ".join(
+                      f"batch {b}: advice / best (K)" for b in batches) + " |", "|---|---|" + "---|" * len(batches)]
+        for name, a in advised.items():
+            by_batch = {str(b): x for b, x in a["by_batch"].items()}
+            lines.append(f"| {name} | {a['text']} | " + " | ".join(
+                f"{x['measured']:.2f} / {x['best']:.2f} (K={x['best_k']})" if (x := by_batch.get(str(b))) else "n/a"
+                for b in batches) + " |")
     lines += ["", "The plain step in ms: priced by the baseline at the context served, and served (sample B, beside "
-              "every K)", "", "| pair | " + " | ".join(f"batch {b}: priced / served" for b in BATCHES) + " |",
-              "|---|" + "---|" * len(BATCHES)]
+              "every K)", "", "| pair | " + " | ".join(f"batch {b}: priced / served" for b in batches) + " |",
+              "|---|" + "---|" * len(batches)]
     for name, r in results.items():
         priced, served = ({str(b): ms for b, ms in r.get(key, {}).items()}  # int keys until saved as JSON
                           for key in ("plain_priced_ms", "plain_serving_ms"))
         lines.append(f"| {name} | " + " | ".join(
             f"{priced[str(b)]:.2f} / {served[str(b)]:.2f} ({served[str(b)] / priced[str(b)] - 1:+.0%})"
-            if str(b) in priced and str(b) in served else "n/a" for b in BATCHES) + " |")
+            if str(b) in priced and str(b) in served else "n/a" for b in batches) + " |")
     return "\n".join(lines) + "\n"
+
+
+def fresh_seed(seed: int, args: argparse.Namespace) -> None:
+    """The fresh run of ``seed``: its pairs drawn and built, its traffic drawn, each pair run and the results
+    written (after each pair) as ``truth_fresh_SEED``."""
+    from transformers import AutoTokenizer
+
+    print(f"fresh seed: {seed}", flush=True)
+    # The widest drawn target's KV cache for 16 retrieval prompts and its draft's need more than 1 GiB.
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(2, int(os.environ["VLLM_CPU_KVCACHE_SPACE"])))
+    drawn, shapes = fresh.draw_pairs(seed, args.draft_pairs), fresh.SHAPES
+    batches: tuple[int, ...] = BATCHES
+    ks: tuple[int, ...] = FRESH_KS
+    if args.only:
+        drawn = [p for p in drawn if p.name in args.only.split(",")]
+    if args.smoke:
+        drawn, shapes, batches, ks = drawn[:1], ("chat",), (1, 16), (2, RUNNING_K)
+        args.min_rounds = args.max_rounds = 1
+        args.window_s, args.predict_s = 1.5, 2.0
+    stem = args.results or f"{'smoke' if args.smoke else 'truth'}_fresh_{seed}"
+    t0 = time.monotonic()
+    root = fresh.build(seed, drawn)
+    tok = AutoTokenizer.from_pretrained(root / drawn[0].name / "target")
+    data = {shape: sample for shape, sample in fresh.samples(seed, lambda text: len(tok.encode(text))).items()
+            if shape in shapes}
+    lengths = {shape: [len(tok.encode(p)) for p in data[shape][1][0]] for shape in shapes}
+    minutes = {"build": round((time.monotonic() - t0) / 60, 1)}
+    results: dict[str, Any] = {}
+    for pair in drawn:
+        t0 = time.monotonic()
+        results |= run_fresh(pair, root, data, batches, ks, args, stem)
+        minutes[pair.name] = round((time.monotonic() - t0) / 60, 1)
+        doc = {"workload": f"pairs and traffic drawn from seed {seed} (benchmarks/fresh.py): traffic shapes "
+                           f"{', '.join(shapes)}, samples A (predicting) and B (measuring) of "
+                           f"{fresh.SAMPLE_SIZE} prompts each, greedy, output lengths drawn per prompt "
+                           f"({fresh.MEAN_TOKENS // 2}-{fresh.MEAN_TOKENS * 3 // 2} tokens); batch sizes "
+                           f"{tuple(batches)} held full; K {tuple(ks)}; predicted from one K={RUNNING_K} run of "
+                           f"{args.predict_s:g} s a batch size on sample A against `specscope calibrate`'s default "
+                           f"baseline; measured on sample B, median of {args.min_rounds}-{args.max_rounds} "
+                           f"alternating rounds of {args.window_s:g} s (more while their spread was {SPREAD:.0%} or "
+                           "more), windows counted as run_pair counts them; prefix caching off on every engine",
+               "smoke": args.smoke,
+               "drawn": {p.name: {"describe": p.describe(), "method": p.method, "draft_layers": p.draft_layers,
+                                  "target": vars(p.target)} for p in drawn},
+               "prompt_tokens_sample_b": {shape: [min(n), round(statistics.mean(n)), max(n)]
+                                          for shape, n in lengths.items()},
+               "minutes": minutes, "summary": summarize(results),
+               "summary_by_pair": {name: summarize({name: r}) for name, r in results.items()}, "pairs": results}
+        write(stem, doc, seed=seed)
+        (RESULTS / f"{stem}.md").write_text(table(results))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", default="tiny,deep01,deep01-rag,wide01")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--results", default="truth_user", help="the results' name in benchmarks/results")
+    ap.add_argument("--results", help="the results' name in benchmarks/results (default truth_user; with --fresh, "
+                    "truth_fresh_SEED)")
     ap.add_argument("--update", action="store_true",
                     help="replace only these pairs in the saved results, keeping the others")
     ap.add_argument("--replay", action="store_true",
                     help="judge the saved measurements again with this checkout's verdict (no engines)")
     ap.add_argument("--replay-as", metavar="NAME",
-                    help="with --replay: write the judgement under this name, keeping the saved results as measured")
+                    help="with --replay: write the judgement under this name (required where the saved results are "
+                    "as run)")
+    ap.add_argument("--fresh", nargs="?", type=int, const=-1, metavar="SEED",
+                    help="pairs and traffic drawn from SEED (>= 0; drawn and printed when not given)")
+    ap.add_argument("--draft-pairs", type=int, default=2, help="with --fresh: draft-model pairs to draw")
+    ap.add_argument("--only", metavar="NAMES",
+                    help="with --fresh: run only these of the drawn pairs (draft0,eagle3,...)")
+    ap.add_argument("--min-rounds", type=int, default=2, help="with --fresh: a cell's rounds at least")
+    ap.add_argument("--max-rounds", type=int, default=4,
+                    help=f"with --fresh: a cell's rounds at most, while their spread is {SPREAD * 100:.0f}%% or more")
+    ap.add_argument("--window-s", type=float, default=WINDOW_S, help="with --fresh: a measuring window's seconds")
+    ap.add_argument("--predict-s", type=float, default=PREDICT_S,
+                    help="with --fresh: the predicting run's seconds at each batch size")
+    ap.add_argument("--smoke", action="store_true",
+                    help="with --fresh: the code paths only (one pair, chat, batch 1 and 16, K 2 and 4, one short "
+                    "round), written as smoke_fresh_SEED: numbers not to keep")
     args = ap.parse_args()
     if args.replay:
-        doc = replay(args.results)
-        args.results = args.replay_as or args.results
-        write(args.results, {k: v for k, v in doc.items() if k not in ("benchmark", "machine", "python")})
-        (RESULTS / f"{args.results}.md").write_text(table(doc["pairs"]))
+        stem = args.results or "truth_user"
+        saved = json.loads((RESULTS / f"{stem}.json").read_text())
+        if args.replay_as is None and saved.get("judged", "as-run") == "as-run":
+            print(f"{stem}.json holds results as run: write the replay under another name (--replay-as NAME)",
+                  file=sys.stderr)
+            sys.exit(2)
+        doc = replay(stem)
+        name = args.replay_as or stem
+        as_run = saved.get("as_run") or {k: saved[k] for k in ("commit", "dirty", "date", "machine") if k in saved}
+        try:
+            write(name, {k: v for k, v in doc.items() if k not in ("benchmark", "machine", "python")}
+                  | {"as_run": as_run}, seed=saved.get("seed"), judged=f"replay of {stem}.json by "
+                  f"{provenance()['commit']}")
+        except FileExistsError as exc:
+            print(exc, file=sys.stderr)
+            sys.exit(2)
+        (RESULTS / f"{name}.md").write_text(table(doc["pairs"]))
         return
+    if args.fresh is not None:
+        fresh_seed(args.fresh if args.fresh >= 0 else random.SystemRandom().randrange(1_000_000), args)
+        return
+    args.results = args.results or "truth_user"
     available = pairs()
     saved = RESULTS / f"{args.results}.json"
     results = json.loads(saved.read_text())["pairs"] if args.update and saved.is_file() else {}
