@@ -18,7 +18,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ("README.md", "docs/export.md", "docs/kv-cache.md", "docs/metrics.md", "docs/runbook.md",
-        "docs/speed-anchor.md")
+        "docs/speed-anchor.md", "docs/verdict.md")
+#: The fresh-seed truth run the docs quote (``bench_truth_user.py --fresh``), as run.
+FRESH = "truth_fresh_56479.json"
 DASH = "\u2013"  # the docs' range dash
 MARK = re.compile(r"<!-- fig ([\w.-]+) -->([^<]*)<!-- /fig -->")
 
@@ -77,6 +79,18 @@ def _two(d: Any, *keys: str) -> str:
     return f"{num(d, *keys):.2f}"
 
 
+def _of(d: Any, hit: str, total: str) -> str:
+    """"X of N" from the fresh run's summary."""
+    return f"{int(num(d, 'summary', hit))} of {int(num(d, 'summary', total))}"
+
+
+def _misses(d: Any, key: str) -> str:
+    """The fresh run's cells that missed ``key`` (within_10pct, inside_interval): "pair K=k batch b (error)"."""
+    out = [f"{name} K={c['k']} batch {c['batch']} ({c['error']:+.1%})" for name, p in d["pairs"].items()
+           for c in p["cells"] if c.get(key) is False]
+    return "; ".join(out) or "none"
+
+
 def _before_after(d: Any, cls: str) -> str:
     """A class's acceptance in evaluate with the old draft, then the fine-tuned one."""
     return " -> ".join(_two(d, "evaluate", "candidates", c, "acceptance_by_class", cls)
@@ -132,6 +146,17 @@ FIGURES: dict[str, tuple[str, Callable[[Any], str]]] = {
         int(num(d, "summary", "within_10pct_at_moment")), int(num(d, "summary", "cells")))),
     "r5.as_is": ("truth_user_r5.json", lambda d: str(int(num(d, "summary", "within_10pct")))),
     "r5.exact": ("truth_user_r5.json", lambda d: pct(num(d, "summary", "exact_prediction_within_10pct"), 1)),
+    "fresh.seed": (FRESH, lambda d: str(int(num(d, "seed")))),
+    "fresh.commit": (FRESH, lambda d: str(d["commit"])[:7] + (" (dirty)" if d["dirty"] else "")),
+    "fresh.within": (FRESH, lambda d: _of(d, "within_10pct", "cells")),
+    "fresh.inside": (FRESH, lambda d: _of(d, "inside_interval", "with_interval")),
+    "fresh.calls": (FRESH, lambda d: _of(d, "calls_right", "calls")),
+    "fresh.wrong_not_paying": (FRESH, lambda d: str(int(num(d, "summary", "wrong_not_paying")))),
+    "fresh.half": (FRESH, lambda d: _of(d, "half_width_within_15pct", "half_widths")),
+    "fresh.advice": (FRESH, lambda d: _of(d, "advice_within_5pct", "advice_batches")),
+    "fresh.rounds_over_5": (FRESH, lambda d: _of(d, "measured_rounds_over_5pct", "cells")),
+    "fresh.outside_10": (FRESH, lambda d: _misses(d, "within_10pct")),
+    "fresh.outside_interval": (FRESH, lambda d: _misses(d, "inside_interval")),
 }
 
 

@@ -156,7 +156,7 @@ class Demo:
         """Predict, then measure: specscope sees the good draft serve sample A against scenario 2's baseline (the
         only one) and says what each batch size will run at, at K=6 and at the K it advises; then both are measured
         against the plain engine on sample B, prompts neither engine saw."""
-        from specscope.verdict import MIN_TABLE_STEPS, config_text, estimate, k_table, recommended_config
+        from specscope.verdict import MIN_TABLE_STEPS, config_text, estimate, recommended_config
 
         self.show(SCENARIOS[2])
         self.say(f"3/5 good draft: serving sample A at batch {' and '.join(map(str, BATCHES))}: what specscope "
@@ -173,7 +173,6 @@ class Demo:
                     break
         snap = llm.snapshot()
         config = recommended_config(snap)
-        table = {c.batch_size: c for c in k_table(snap)}
         promised: dict[str, dict[int, tuple[int, float, tuple[float, float] | None]]] = {"running": {}, "advice": {}}
         for batch in BATCHES:
             est = estimate(snap, batch_size=batch)
@@ -186,9 +185,7 @@ class Demo:
             elif k == 0:
                 promised["advice"][batch] = (0, est.k0_speedup, None)
             else:
-                band = (est.low[k], est.high[k]) if est.high else None
-                promised["advice"][batch] = (k, table[batch].speedup if batch in table and table[batch].k == k
-                                             else est.by_k[k], band)
+                promised["advice"][batch] = (k, est.by_k[k], (est.low[k], est.high[k]) if est.high else None)
             self.say(f"3/5 good draft at batch {batch}: specscope predicts {_promise(promised['running'][batch])}; "
                      f"its advice {_promise(promised['advice'][batch])}")
         advice = ("turn speculation off (remove speculative_config)" if config is None else config_text(config))

@@ -39,7 +39,7 @@ def test_a_changed_result_fails_the_check_naming_the_figure(tmp_path: Path) -> N
 
 def test_an_unknown_figure_or_missing_key_is_one_line_and_exit_2(tmp_path: Path) -> None:
     for doc in ("README.md", "docs/export.md", "docs/kv-cache.md", "docs/metrics.md", "docs/runbook.md",
-                "docs/speed-anchor.md"):
+                "docs/speed-anchor.md", "docs/verdict.md"):
         (tmp_path / doc).parent.mkdir(exist_ok=True)
         shutil.copy(ROOT / doc, tmp_path / doc)
     results = ROOT / "benchmarks" / "results"
