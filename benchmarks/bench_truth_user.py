@@ -65,6 +65,7 @@ must be written under another name (``--replay-as NAME``), which keeps them as m
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
@@ -85,10 +86,9 @@ from benchmarks import fresh
 from benchmarks._common import RESULTS, provenance, write
 from specscope import codec, intervals, tiny_models
 from specscope.evaluate.workload import output_lengths
-from specscope.measure import PromptOrder, measure_step_times, steady_throughput
+from specscope.measure import PromptOrder, measure_step_times, serve_until_row, steady_throughput
 from specscope.tiny_models.models import llama_config
 from specscope.verdict.baseline import MAX_ROUNDS
-from specscope.verdict.speedup import MIN_TABLE_STEPS
 
 KS = (1, 2, 4, 6)
 #: The fresh run's Ks (``--fresh``).
@@ -194,9 +194,7 @@ def run_pair(name: str, target: Path, draft: Path, length: int, samples: tuple[l
     spec.specscope.set_baseline(baseline)
     order = PromptOrder(len(samples[0]))
     for b in BATCHES:
-        steady_throughput(spec, b, PREDICT_S, samples[0], TOKENS_A, order=order, settle=True, min_finished=b,
-                          warm=b)
-        order.next_window()
+        predicting_window(spec, b, PREDICT_S, samples[0], TOKENS_A, order)
     snap = spec.snapshot()
     (RESULTS / f"{stem}_{name}.snapshot.json").write_text(json.dumps(codec.to_dict(snap)) + "\n")
     shutdown(spec)
@@ -409,14 +407,8 @@ def run_fresh(pair: fresh.Pair, root: Path, data: dict[str, Any], batches: Seque
         (prompts, tokens), _ = data[shape]
         order = PromptOrder(len(prompts))
         for b in batches:
-            # Until the batch size has the decode steps its row of the K table needs (at batch 16 most steps carry
-            # a replacement's prefill: without its row, the advice would carry a smaller batch size's K over it).
-            for _ in range(4):
-                steady_throughput(spec, b, args.predict_s, prompts, tokens, order=order, settle=True, min_finished=b,
-                                  warm=b)
-                order.next_window()
-                if spec.snapshot().lifetime.step_times.get(b, MIN_TABLE_STEPS) is not None:
-                    break
+            serve_until_row(spec, b, functools.partial(predicting_window, spec, b, args.predict_s, prompts, tokens,
+                                                       order))
         snaps[shape] = spec.snapshot()
         (RESULTS / f"{stem}_{pair.name}-{shape}.snapshot.json").write_text(json.dumps(codec.to_dict(snaps[shape]))
                                                                           + "\n")
@@ -596,6 +588,13 @@ def table(results: dict[str, Any]) -> str:
             f"{priced[str(b)]:.2f} / {served[str(b)]:.2f} ({served[str(b)] / priced[str(b)] - 1:+.0%})"
             if str(b) in priced and str(b) in served else "n/a" for b in batches) + " |")
     return "\n".join(lines) + "\n"
+
+
+def predicting_window(spec: Any, batch: int, seconds: float, prompts: list[str], tokens: list[int],
+                      order: PromptOrder) -> None:
+    """One predicting window at ``batch``, counted once the batch has turned over, walking on through ``order``."""
+    steady_throughput(spec, batch, seconds, prompts, tokens, order=order, settle=True, min_finished=batch, warm=batch)
+    order.next_window()
 
 
 def fresh_seed(seed: int, args: argparse.Namespace) -> None:

@@ -156,21 +156,19 @@ class Demo:
         """Predict, then measure: specscope sees the good draft serve sample A against scenario 2's baseline (the
         only one) and says what each batch size will run at, at K=6 and at the K it advises; then both are measured
         against the plain engine on sample B, prompts neither engine saw."""
-        from specscope.verdict import MIN_TABLE_STEPS, config_text, estimate, recommended_config
+        from specscope.measure import serve_until_row
+        from specscope.verdict import config_text, estimate, recommended_config
 
         self.show(SCENARIOS[2])
         self.say(f"3/5 good draft: serving sample A at batch {' and '.join(map(str, BATCHES))}: what specscope "
                  "predicts from")
         order = PromptOrder(len(self.prompts))
         for batch in BATCHES:
-            # Until the batch size has the decode steps its row of the K table needs (at batch 16 most steps carry a
-            # replacement's prefill: one window may hold too few that decode alone, and the table would carry batch
-            # 1's K over it).
-            for _ in range(4):
+            def window(batch: int = batch) -> None:
                 self._tok_s(llm, batch, PREDICT_S, order)
                 order.next_window()
-                if llm.snapshot().lifetime.step_times.get(batch, MIN_TABLE_STEPS) is not None:
-                    break
+
+            serve_until_row(llm, batch, window)
         snap = llm.snapshot()
         config = recommended_config(snap)
         promised: dict[str, dict[int, tuple[int, float, tuple[float, float] | None]]] = {"running": {}, "advice": {}}

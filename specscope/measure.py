@@ -7,13 +7,14 @@ import contextlib
 import statistics
 import threading
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specscope.collectors.vllm_engine import traffic_class
 from specscope.model import StepProfile, StepTime
 from specscope.verdict.baseline import merge_profiles
+from specscope.verdict.speedup import MIN_TABLE_STEPS
 
 #: The longest contrast context :func:`measure_step_times` calibrates at (tokens a request attends over).
 MAX_CONTRAST_CONTEXT = 2048
@@ -281,3 +282,15 @@ def steady_throughput(llm: Any, batch: int, seconds: float, prompts: Sequence[An
     while engine.has_unfinished_requests():
         engine.step()
     return produced / (now - t0)
+
+
+def serve_until_row(llm: Any, batch: int, window: Callable[[], object], tries: int = 4) -> bool:
+    """Serve ``window()`` (one window of traffic held at ``batch``) until ``llm``'s steps at ``batch`` are enough
+    for that batch size's row of the K table (:data:`MIN_TABLE_STEPS` decode steps), ``tries`` windows at most;
+    whether they are. At batch 16 most steps carry a replacement's prefill: one window may hold too few that decode
+    alone, and without its row the advice would carry a smaller batch size's K over it."""
+    for _ in range(tries):
+        window()
+        if llm.snapshot().lifetime.step_times.get(batch, MIN_TABLE_STEPS) is not None:
+            return True
+    return False

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
 from specscope.counts import fit_forward, forward_moments
-from specscope.measure import median_moments, median_rows, settled
+from specscope.measure import median_moments, median_rows, serve_until_row, settled
 from specscope.model import StepProfile, StepTime
+from specscope.verdict.speedup import MIN_TABLE_STEPS
 from tests.test_uncertainty import forward
 
 
@@ -57,3 +59,27 @@ def test_the_rounds_forward_sums_are_pooled_at_the_median_rounds_speed() -> None
     fit = fit_forward(median_moments(rounds, rows))
     assert fit is not None and fit[0] + fit[1] * 4 + fit[2] * 20 == pytest.approx(forward(4, 20))
     assert median_moments(rounds, [])[0] == 2 * 82  # no rows to scale by: pooled as timed
+
+
+class _Served:
+    """An engine whose batch size 16 gains ``per_window`` decode steps a window served."""
+
+    def __init__(self, per_window: int) -> None:
+        self.per_window, self.steps, self.windows = per_window, 0, 0
+
+    def serve(self) -> None:
+        self.windows += 1
+        self.steps += self.per_window
+
+    def snapshot(self) -> SimpleNamespace:
+        times = (StepTime(16, self.steps, 0.05),) if self.steps else ()
+        return SimpleNamespace(lifetime=SimpleNamespace(step_times=StepProfile(times)))
+
+
+@pytest.mark.parametrize(("per_window", "windows", "row"), [(25, 1, True), (7, 3, True), (2, 4, False)])
+def test_serve_until_row_serves_until_the_k_table_row_has_its_steps(per_window: int, windows: int,
+                                                                      row: bool) -> None:
+    engine = _Served(per_window)
+    assert serve_until_row(engine, 16, engine.serve) is row
+    assert engine.windows == windows
+    assert (engine.snapshot().lifetime.step_times.get(16, MIN_TABLE_STEPS) is not None) is row

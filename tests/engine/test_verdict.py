@@ -20,7 +20,6 @@ import pytest
 
 from specscope import Hub, tiny_models
 from specscope.model import StepProfile, StepTime
-from specscope.verdict.speedup import MIN_TABLE_STEPS
 from tests.conftest import EnginePool, shutdown
 from tests.engine.deep import DEEP, plain_target, run
 
@@ -325,7 +324,7 @@ def test_advice_with_a_k0_range_is_a_fixed_point(tiny: dict[str, Path], plain: A
     measured; batch 16 stays in the K table, priced from its own K = 0 steps (before, it dropped out and the next
     advice carried K=1 over it)."""
     import specscope
-    from specscope.measure import measure_step_times, steady_throughput, wait_stopped
+    from specscope.measure import measure_step_times, serve_until_row, steady_throughput, wait_stopped
     from specscope.verdict import (
         estimate,
         k_schedule,
@@ -347,10 +346,8 @@ def test_advice_with_a_k0_range_is_a_fixed_point(tiny: dict[str, Path], plain: A
                                              "num_speculative_tokens_per_batch_size": applied})
     try:
         steady_throughput(spec, 1, 5.0, PROMPTS, 64)
-        for _ in range(8):  # 20 decode steps or more at 16, however busy the machine is (one round on a quiet one)
-            steady_throughput(spec, 16, 5.0, PROMPTS, 64)
-            if spec.snapshot().lifetime.step_times.get(16, MIN_TABLE_STEPS) is not None:
-                break
+        # 20 decode steps or more at 16, however busy the machine is (one round on a quiet one)
+        serve_until_row(spec, 16, lambda: steady_throughput(spec, 16, 5.0, PROMPTS, 64), tries=8)
         snap = spec.snapshot()
     finally:
         shutdown(spec)
