@@ -6,6 +6,17 @@ the served model name when vLLM serves several (LoRA adapters, ``model:<name>``)
 ``specscope.LLM.generate(..., specscope_class=...)`` offline; without one it is its prompt-length bucket. A class
 is a metric label: at most :data:`MAX_LENGTH` characters of a safe set, anything else is refused (``None``); a
 header cannot claim :data:`OTHER` or a name specscope gives (:data:`RESERVED_PREFIXES`).
+
+At most ``SPECSCOPE_MAX_CLASSES`` classes have rows of their own (counts kept and reported under their names), the
+prompt-length buckets among them, which are always kept; the requests of names without a row are counted as
+:data:`OTHER`. Names take free rows as they come; once none is free, rows go to the names with the most recent
+traffic (heavy hitters, as a merge of snapshots keeps the names with the most requests, :mod:`specscope.merge`). A
+request counts with a weight that falls by a factor e every :data:`IDLE_WINDOWS` windows; at most
+:data:`TRACKED_PER_ROW` names a row are tracked (Space-Saving: memory is bounded however many names are invented);
+a name without a row takes the row of the least busy name with one when it surely has more than :data:`TAKEOVER`
+times that name's traffic, and a request more (hysteresis: names of about equal traffic do not trade rows). A name
+that loses its row stops being reported, its counts with it (its exported counters' series end; should it take a
+row again, they start from zero, a counter reset), and its later requests go to :data:`OTHER`.
 """
 
 from __future__ import annotations
@@ -24,14 +35,19 @@ _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/+-]*")
 #: Prompt-length buckets (tokens): every request without a class of its own falls in one.
 PROMPT_BOUNDS = (256, 2048, 8192)
 PROMPT_BUCKETS = ("prompt:<256", "prompt:256-2k", "prompt:2k-8k", "prompt:>=8k")
-#: Where class names past the limit (``SPECSCOPE_MAX_CLASSES``, default :data:`MAX_CLASSES`) are counted; the
-#: prompt-length buckets seen count toward the limit, and are always kept.
+#: Where the requests of names without a row (past ``SPECSCOPE_MAX_CLASSES``, default :data:`MAX_CLASSES`) are
+#: counted; the prompt-length buckets seen count toward the limit, and are always kept.
 OTHER = "other"
 MAX_CLASSES = 20
 #: Prefixes of the classes specscope gives (prompt-length buckets, served models): no header may claim them.
 RESERVED_PREFIXES = ("prompt:", "model:")
-#: Windows (the hub's ``window_s``) a class goes unseen before its row may go to a new name.
+#: Windows (the hub's ``window_s``) over which a name's traffic is ranked for a row: a request's weight falls by a
+#: factor e each time this many windows pass, so a name idle that long keeps a third of its claim.
 IDLE_WINDOWS = 10
+#: Names whose traffic is tracked, per row: those with rows, and the busiest of the others (the rest forgotten).
+TRACKED_PER_ROW = 4
+#: How many times the traffic of the least busy name with a row another name needs (and a request more) to take it.
+TAKEOVER = 3.0
 #: The baggage member that names a request's class.
 BAGGAGE_KEY = "traffic_class"
 

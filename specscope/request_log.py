@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 import operator
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -65,8 +66,7 @@ class RequestLog:
                  class_idle_s: float = classes.IDLE_WINDOWS * 60.0) -> None:
         self.max_requests = max_requests
         self.max_classes = max_classes
-        #: Seconds a class goes unseen before its row may go to a new name.
-        self.class_idle_s = class_idle_s
+        self._tau = class_idle_s
         self.history_s = history_s
         self.parts_expected = 1
         self.recent: OrderedDict[str, RequestRecord] = OrderedDict()
@@ -90,9 +90,13 @@ class RequestLog:
         #: length are summed from at most that many seconds, not from every record.
         self._class_seconds: dict[int, dict[str, _Row]] = {}
         self._folded: set[str] = set()
-        #: class name -> when a request of it was last counted, least recent first (the names with rows that can
-        #: be given up: not the prompt-length buckets, not other)
-        self._seen: OrderedDict[str, float] = OrderedDict()
+        #: Recent traffic of the names with rows (not the prompt-length buckets, not other), and of at most
+        #: ``(TRACKED_PER_ROW - 1) * max_classes`` others, the least busy forgotten first (Space-Saving). Weights are
+        #: decayed forward: a request at ``t`` adds ``exp((t - landmark) / class_idle_s)``.
+        self._held: dict[str, _Traffic] = {}
+        self._ranked: dict[str, _Traffic] = {}
+        self._landmark = 0.0
+        self._latest = 0.0  # the latest time a request was ranked at
         #: request id -> the class key its counts went to (kept with the record, for a late part to move them)
         self._counted: dict[str, str] = {}
 
@@ -178,34 +182,80 @@ class RequestLog:
         a = self._attributed
         return Attribution(a.requests, a.spec_steps, a.draft_tokens, a.accepted)
 
-    def class_key(self, name: str | None, now: float) -> str | None:
-        """Where a request of class ``name`` is counted at ``now``: its name while it has a row or fewer than
-        ``max_classes`` names have rows (the prompt-length buckets among them, and always kept), else
-        :data:`classes.OTHER`. A class unseen for ``class_idle_s`` gives its row, and its counts, up to a new name."""
+    @property
+    def class_idle_s(self) -> float:
+        """Seconds over which names' traffic is ranked for rows: a request's weight falls by a factor e in that
+        time (:data:`classes.IDLE_WINDOWS` of the hub's windows)."""
+        return self._tau
+
+    @class_idle_s.setter
+    def class_idle_s(self, seconds: float) -> None:
+        self._decay_to(self._latest)  # the weights so far decayed at the old rate, the ones to come at the new
+        self._tau = seconds
+
+    def class_key(self, name: str | None, now: float, rank: bool = True) -> str | None:
+        """Where a request of class ``name`` is counted at ``now``: its name while it has a row, else
+        :data:`classes.OTHER` (:mod:`specscope.classes` says which names have rows; the prompt-length buckets
+        always do). ``rank``: the request counts toward its name's traffic, which may take it a row (False for a
+        late part of a request already counted under that name)."""
         if name is None or name in classes.PROMPT_BUCKETS or name == classes.OTHER:
             return name
-        if name not in self._classes and not self._free_row(now):
-            if len(self._folded) < MAX_FOLDED:
-                self._folded.add(name)
-            return classes.OTHER
-        self._seen[name] = now
-        self._seen.move_to_end(name)
-        return name
+        if rank:
+            gain = self._rank(name, now)
+            if name not in self._held and (self._row_free() or self._takes_row(name, gain)):
+                self._held[name] = self._ranked.pop(name)
+        if name in self._held:
+            return name
+        if len(self._folded) < MAX_FOLDED:
+            self._folded.add(name)
+        return classes.OTHER
 
-    def _free_row(self, now: float) -> bool:
-        """Whether a new name can have a row: one of ``max_classes`` is free, or the least recently seen class's
-        row, idle for ``class_idle_s``, is given up."""
-        if len(self._classes) - (classes.OTHER in self._classes) < self.max_classes:
-            return True
-        if not self._seen:
+    def _rank(self, name: str, now: float) -> float:
+        """Count a request of ``name`` at ``now`` toward its traffic; returns the weight one request adds now. A
+        name not tracked replaces the least busy one without a row, and starts from its weight (which it may not
+        have had: its error)."""
+        x = (now - self._landmark) / self._tau
+        if x > _RESCALE:
+            self._decay_to(now)
+            x = 0.0
+        self._latest = max(self._latest, now)
+        gain = math.exp(x)
+        traffic = self._held.get(name) or self._ranked.get(name)
+        if traffic is None:
+            floor = 0.0
+            if len(self._ranked) >= (classes.TRACKED_PER_ROW - 1) * self.max_classes:
+                floor = self._ranked.pop(min(self._ranked, key=lambda n: self._ranked[n].weight)).weight
+            traffic = self._ranked[name] = _Traffic(floor, floor)
+        traffic.weight += gain
+        return gain
+
+    def _decay_to(self, t: float) -> None:
+        """Move the weights' landmark to ``t`` (they stay finite however long specscope runs)."""
+        f = math.exp((self._landmark - t) / self._tau)
+        for traffic in itertools.chain(self._held.values(), self._ranked.values()):
+            traffic.weight *= f
+            traffic.error *= f
+        self._landmark = t
+
+    def _row_free(self) -> bool:
+        """Whether fewer than ``max_classes`` classes have rows (the prompt-length buckets among them)."""
+        return len(self._held) + sum(b in self._classes for b in classes.PROMPT_BUCKETS) < self.max_classes
+
+    def _takes_row(self, name: str, gain: float) -> bool:
+        """Whether ``name`` (without a row) takes the row of the least busy name with one: it surely has more than
+        :data:`classes.TAKEOVER` times that one's traffic and a request (``gain``) more. That name's row goes, its
+        counts with it, and it is ranked with the others."""
+        if not self._held:
             return False
-        idle, seen = next(iter(self._seen.items()))
-        if now - seen < self.class_idle_s:
+        weakest = min(self._held, key=lambda n: self._held[n].weight)
+        mine = self._ranked[name]
+        if mine.weight - mine.error <= classes.TAKEOVER * self._held[weakest].weight + gain:
             return False
-        del self._seen[idle], self._classes[idle]
+        self._ranked[weakest] = self._held.pop(weakest)
+        del self._classes[weakest]
         for by_key in self._class_seconds.values():
-            by_key.pop(idle, None)
-        self._counted = {rid: key for rid, key in self._counted.items() if key != idle}
+            by_key.pop(weakest, None)
+        self._counted = {rid: key for rid, key in self._counted.items() if key != weakest}
         return True
 
     def class_totals(self) -> dict[str, ClassCounts]:
@@ -241,10 +291,11 @@ class RequestLog:
         """Distinct class names counted as :data:`classes.OTHER` (at most :data:`MAX_FOLDED`)."""
         return len(self._folded)
 
-    def _count_class(self, rec: RequestRecord, sign: int, now: float) -> None:
-        """Add a final record's counts to its class's rows (``sign`` 1), or take them from where they went (-1)."""
+    def _count_class(self, rec: RequestRecord, sign: int, now: float, rank: bool = True) -> None:
+        """Add a final record's counts to its class's rows (``sign`` 1; ``rank``: as in :meth:`class_key`), or take
+        them from where they went (-1)."""
         if sign > 0:
-            key = self.class_key(rec.class_name, now)
+            key = self.class_key(rec.class_name, now, rank)
             if key is not None:
                 self._counted[rec.request_id] = key
         else:  # none where the row they went to was given up since
@@ -283,7 +334,7 @@ class RequestLog:
         self.recent[new.request_id] = new
         self._observe(new, old)
         self._count_class(old, -1, now)
-        self._count_class(new, 1, now)
+        self._count_class(new, 1, now, rank=new.class_name != old.class_name)
 
     def _observe(self, rec: RequestRecord, before: RequestRecord) -> None:
         """Add to the histograms each value ``rec`` has that ``before`` did not, and to the sums their difference."""
@@ -303,6 +354,15 @@ class RequestLog:
         att.spec_steps += (rec.spec_steps or 0) - (before.spec_steps or 0)
         att.draft_tokens += (rec.draft_tokens or 0) - (before.draft_tokens or 0)
         att.accepted += (rec.accepted_tokens or 0) - (before.accepted_tokens or 0)
+
+
+@dataclass(slots=True)
+class _Traffic:
+    """A class name's recent requests, decayed (see :meth:`RequestLog._rank`): at most ``weight``, at least
+    ``weight - error``."""
+
+    weight: float
+    error: float
 
 
 @dataclass(slots=True)
@@ -338,6 +398,8 @@ class _Row:
 
 #: Folded class names remembered (to count them once); past it they are still counted as other, not remembered.
 MAX_FOLDED = 10_000
+#: How far (in ``class_idle_s``) the newest request may be from the weights' landmark before it moves there.
+_RESCALE = 50.0
 #: A record with nothing known (what a new record is observed against).
 _NOTHING = RequestRecord(request_id="", seq=0, finished_at=0.0)
 #: The per-request values the histograms observe (a zero TPOT, of a one-token request, is not observed).

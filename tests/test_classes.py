@@ -57,44 +57,42 @@ def test_the_operator_s_header_wins_over_baggage_and_no_header_claims_a_reserved
         "others", "model-x", "tenant:prompt:1"]
 
 
-def test_a_class_unseen_for_ten_windows_gives_its_row_to_a_new_name() -> None:
+def test_class_rows_go_to_the_busiest_names_ranked_over_ten_windows() -> None:
     clock = Clock()
-    hub = Hub(window_s=10, clock=clock, max_classes=3)
-    record(hub, "acme0", "acme", (1, 1))
+    hub = Hub(window_s=10, clock=clock, max_classes=3)  # traffic ranked over 100 s
+    for i in range(3):
+        record(hub, f"acme{i}", "acme", (1, 1))
     for i in range(20):  # a burst of invented names takes the free rows; the rest fold into other
         record(hub, f"junk{i}", f"n{i}", (1, 1))
-    clock.t += 99
-    record(hub, "acme1", "acme", (1, 1))
-    record(hub, "beta0", "beta", (1, 1))  # the burst is 99 s old: no row is idle yet
-    clock.t += 1  # 10 windows: the burst's rows go, least recently seen first, to new names
-    record(hub, "beta1", "beta", (1, 1))
-    record(hub, "gamma", "gamma", (1, 1))
-    record(hub, "delta", "delta", (1, 1))  # acme was seen a second ago: its row stays
-    snap = hub.snapshot()
-    assert {c.name: c.lifetime.requests for c in snap.classes} == {"acme": 2, "beta": 1, "gamma": 1, "other": 20}
+    clock.t += 5
+    for i in range(4):  # beta takes a row once it has over 3 times the traffic of the least busy name with one
+        record(hub, f"beta{i}", "beta", (1, 1))
+    snap = hub.snapshot()  # n0's row went, its counts with it; beta's counts start with its row
+    assert {c.name: c.lifetime.requests for c in snap.classes} == {"acme": 3, "n1": 1, "beta": 1, "other": 21}
     # A name coming back after its row was given up starts afresh, its old window included.
     clock.t += 150
-    record(hub, "n0", "n0", (1, 1))  # takes acme's row, the least recently seen
+    record(hub, "n0-again", "n0", (1, 1))  # one request is never enough to take a row
+    record(hub, "n0-twice", "n0", (1, 1))  # two are, over n1's single one 155 s ago
     by = {c.name: c for c in hub.snapshot(window_s=300).classes}
-    assert "acme" not in by and by["n0"].lifetime.requests == by["n0"].window.requests == 1
-    # The idle time follows the hub's window.
-    record(hub, "beta2", "beta", (1, 1))
-    record(hub, "gamma1", "gamma", (1, 1))
+    assert "n1" not in by and by["n0"].lifetime.requests == by["n0"].window.requests == 1
+    # The span follows the hub's window: 30 s are 3 spans of a 1 s window, and the rows' traffic has faded.
     hub.set_window(1)
-    clock.t += 10
-    record(hub, "zeta", "zeta", (1, 1))
-    assert {c.name for c in hub.snapshot().classes} == {"zeta", "beta", "gamma", "other"}
+    clock.t += 30
+    record(hub, "zeta0", "zeta", (1, 1))
+    record(hub, "zeta1", "zeta", (1, 1))
+    assert {c.name for c in hub.snapshot().classes} == {"zeta", "beta", "n0", "other"}
 
 
 def test_a_late_part_of_a_request_whose_class_row_was_given_up_takes_nothing_from_another() -> None:
     clock = Clock()
     hub = Hub(window_s=1, clock=clock, max_classes=1)
     record(hub, "r", "a", (1, 1))
-    clock.t += 10
+    clock.t += 100
+    record(hub, "b0", "b", (1, 0))  # counted as other
     record(hub, "s", "b", (0, 1))  # a's row (and r's counts) go to b
     hub.requests.record("r", traffic_class="a")  # r's late part: a has no row now, so r is counted as other
     by = {c.name: c.lifetime for c in hub.snapshot().classes}
-    assert {name: (c.requests, c.accepted) for name, c in by.items()} == {"b": (1, 1), "other": (1, 1)}
+    assert {name: (c.requests, c.accepted) for name, c in by.items()} == {"b": (1, 1), "other": (2, 1)}
 
 
 def test_counts_by_class_window_and_lifetime_sum_to_the_requests() -> None:
