@@ -11,7 +11,7 @@ At most ``SPECSCOPE_MAX_CLASSES`` classes have rows of their own (counts kept an
 prompt-length buckets among them, which are always kept; the requests of names without a row are counted as
 :data:`OTHER`. Names take free rows as they come; once none is free, rows go to the names with the most recent
 traffic (heavy hitters, as a merge of snapshots keeps the names with the most requests, :mod:`specscope.merge`). A
-request counts with a weight that falls by a factor e every :data:`IDLE_WINDOWS` windows; at most
+request counts with a weight that falls by a factor e every :data:`RANK_WINDOWS` windows; at most
 :data:`TRACKED_PER_ROW` names a row are tracked (Space-Saving: memory is bounded however many names are invented);
 a name without a row takes the row of the least busy name with one when it surely has more than :data:`TAKEOVER`
 times that name's traffic, and a request more (hysteresis: names of about equal traffic do not trade rows). A name
@@ -43,7 +43,7 @@ MAX_CLASSES = 20
 RESERVED_PREFIXES = ("prompt:", "model:")
 #: Windows (the hub's ``window_s``) over which a name's traffic is ranked for a row: a request's weight falls by a
 #: factor e each time this many windows pass, so a name idle that long keeps a third of its claim.
-IDLE_WINDOWS = 10
+RANK_WINDOWS = 10
 #: Names whose traffic is tracked, per row: those with rows, and the busiest of the others (the rest forgotten).
 TRACKED_PER_ROW = 4
 #: How many times the traffic of the least busy name with a row another name needs (and a request more) to take it.

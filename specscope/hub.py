@@ -63,7 +63,7 @@ class Hub:
         self.health = HealthLog()
         self._pending = Flushers(self.health)
         log = RequestLog(max_requests, classes.max_classes() if max_classes is None else max_classes, ring_size,
-                         classes.IDLE_WINDOWS * window_s)
+                         classes.RANK_WINDOWS * window_s)
         #: Finished requests: writers add their parts here, listeners get each final record once.
         self.requests = RequestStore(log, self.health, clock, self._pending.flush)
         self._baseline = Baseline()
@@ -76,14 +76,14 @@ class Hub:
         return self._window_s
 
     def set_window(self, seconds: float) -> None:
-        """Change the sliding window's length; beyond the kept history (``history_s``) it starts empty. A traffic
-        class's row may go to a new name after :data:`classes.IDLE_WINDOWS` windows unseen."""
+        """Change the sliding window's length; beyond the kept history (``history_s``) it starts empty. Traffic
+        classes' traffic is ranked for rows over :data:`classes.RANK_WINDOWS` windows."""
         if seconds <= 0:
             raise ValueError("window must be positive")
         with self._lock:
             self._window_s = seconds
         self._streams.hold(seconds)
-        self.requests.set_class_idle(classes.IDLE_WINDOWS * seconds)
+        self.requests.set_class_rank(classes.RANK_WINDOWS * seconds)
 
     def reset_window(self) -> None:
         """Forget the window's contents; lifetime totals are kept."""

@@ -63,10 +63,10 @@ class RequestLog:
     """Request records: parts joined, final ones numbered and observed, the last ``max_requests`` kept."""
 
     def __init__(self, max_requests: int, max_classes: int = classes.MAX_CLASSES, history_s: float = 900.0,
-                 class_idle_s: float = classes.IDLE_WINDOWS * 60.0) -> None:
+                 class_rank_s: float = classes.RANK_WINDOWS * 60.0) -> None:
         self.max_requests = max_requests
         self.max_classes = max_classes
-        self._tau = class_idle_s
+        self._tau = class_rank_s
         self.history_s = history_s
         self.parts_expected = 1
         self.recent: OrderedDict[str, RequestRecord] = OrderedDict()
@@ -92,7 +92,7 @@ class RequestLog:
         self._folded: set[str] = set()
         #: Recent traffic of the names with rows (not the prompt-length buckets, not other), and of at most
         #: ``(TRACKED_PER_ROW - 1) * max_classes`` others, the least busy forgotten first (Space-Saving). Weights are
-        #: decayed forward: a request at ``t`` adds ``exp((t - landmark) / class_idle_s)``.
+        #: decayed forward: a request at ``t`` adds ``exp((t - landmark) / class_rank_s)``.
         self._held: dict[str, _Traffic] = {}
         self._ranked: dict[str, _Traffic] = {}
         self._landmark = 0.0
@@ -183,13 +183,13 @@ class RequestLog:
         return Attribution(a.requests, a.spec_steps, a.draft_tokens, a.accepted)
 
     @property
-    def class_idle_s(self) -> float:
+    def class_rank_s(self) -> float:
         """Seconds over which names' traffic is ranked for rows: a request's weight falls by a factor e in that
-        time (:data:`classes.IDLE_WINDOWS` of the hub's windows)."""
+        time (:data:`classes.RANK_WINDOWS` of the hub's windows)."""
         return self._tau
 
-    @class_idle_s.setter
-    def class_idle_s(self, seconds: float) -> None:
+    @class_rank_s.setter
+    def class_rank_s(self, seconds: float) -> None:
         self._decay_to(self._latest)  # the weights so far decayed at the old rate, the ones to come at the new
         self._tau = seconds
 
@@ -398,7 +398,7 @@ class _Row:
 
 #: Folded class names remembered (to count them once); past it they are still counted as other, not remembered.
 MAX_FOLDED = 10_000
-#: How far (in ``class_idle_s``) the newest request may be from the weights' landmark before it moves there.
+#: How far (in ``class_rank_s``) the newest request may be from the weights' landmark before it moves there.
 _RESCALE = 50.0
 #: A record with nothing known (what a new record is observed against).
 _NOTHING = RequestRecord(request_id="", seq=0, finished_at=0.0)

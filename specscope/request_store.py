@@ -46,10 +46,10 @@ class RequestStore:
         with self._lock:
             self._log.parts_expected = max(1, parts)
 
-    def set_class_idle(self, seconds: float) -> None:
-        """How long a traffic class goes unseen before its row may go to a new name."""
+    def set_class_rank(self, seconds: float) -> None:
+        """The time over which traffic classes' traffic is ranked for rows (a request's weight falls by e over it)."""
         with self._lock:
-            self._log.class_idle_s = seconds
+            self._log.class_rank_s = seconds
 
     def record(self, request_id: str, **fields: Any) -> None:
         """Add one source's part of a finished request (see :class:`RequestRecord` for the fields), now."""
