@@ -3,8 +3,11 @@
 vLLM hands each step's scheduler stats to one front end and each request's stats to the front end that owns the
 request, so every API-server process sees a disjoint share of the steps and requests. Counts, step times,
 histograms and the attribution sums add up; each engine's gauges (running, waiting, KV cache) are taken from
-the process that heard from that engine last; request records are the newest of all. A process whose snapshot is
-:data:`STALE_S` older than the merging one's is gone: its lifetime counts stay, its window and gauges do not.
+the process that heard from that engine last; request records are the newest of all. A process that is gone comes
+in :func:`aged`: its lifetime counts stay, its window and gauges do not. Whether it is gone is not judged here, from
+the snapshots' wall-clock times (a clock step would bring a dead process back or drop a live one), but by the
+reader of the shared files, from the process's pid and its own monotonic clock
+(:meth:`specscope.share.ProcessShare.others`).
 Traffic classes are capped again after adding (:func:`_add_classes`), and a histogram whose buckets differ from
 the others' (another specscope version) is left out and counted in health (:data:`DROPPED_HISTOGRAM`).
 """
@@ -30,8 +33,6 @@ from specscope.model import (
     TrafficClass,
 )
 
-#: A process's snapshot older than this (than the merging process's own) is someone gone.
-STALE_S = 30.0
 #: Where the health counts each histogram left out of a merge because its buckets differ from the others'.
 DROPPED_HISTOGRAM = "merge dropped histogram (buckets differ)"
 
@@ -72,7 +73,7 @@ def _add_health(a: Health, b: Health) -> Health:
     return Health(tuple(sorted(errors.items())), a.dropped_records + b.dropped_records, a.last_error or b.last_error)
 
 
-def _aged(snap: Snapshot) -> Snapshot:
+def aged(snap: Snapshot) -> Snapshot:
     """A gone process's snapshot: its lifetime counts, with nothing in its windows and no fresh gauges."""
     return replace(snap, window=Totals(seconds=0.0), decode_batch=None,
                    engines=tuple(replace(e, window=Totals(seconds=0.0), decode_batch=None, updated_at=0.0)
@@ -166,11 +167,12 @@ def merge(snaps: Sequence[Snapshot], max_requests: int = 1000,
 
     The target's forwards are read by one process, while each step goes to the process vLLM handed its stats to:
     forwards timed at a batch size join its steps from any process, and a batch size no process stepped at is
-    dropped (:func:`_stepped`)."""
+    dropped (:func:`_stepped`). A gone process's snapshot is to come :func:`aged` (as
+    :meth:`~specscope.share.ProcessShare.others` hands them); none is judged here by its time. The merged snapshot
+    is the first's moment (``time``): another's wall-clock time, however far ahead, never moves it."""
     if len(snaps) == 1:
         return _stepped(snaps[0])
     first = snaps[0]
-    snaps = [first, *(_aged(s) if first.time - s.time > STALE_S else s for s in snaps[1:])]
     life, window = first.lifetime, first.window
     hists = {name: getattr(first, name) for name in _HISTOGRAMS}
     positions, attributed, health = first.acceptance_by_output_position, first.attributed, first.health
@@ -191,7 +193,6 @@ def merge(snaps: Sequence[Snapshot], max_requests: int = 1000,
     merged_classes, folded = _add_classes(snaps, max_classes)
     return _stepped(replace(
         first,
-        time=max(s.time for s in snaps),
         started_at=min(s.started_at for s in snaps),
         lifetime=life,
         window=window,

@@ -9,6 +9,13 @@ port, OTLP, alert notifications) go to the process that holds the role's lock (:
 cannot be done: numbers recorded in the last ``interval_s`` by another process show up one interval late, and
 roles do not move if their process dies (vLLM restarts its API servers together).
 
+A process that is gone keeps its lifetime counts in the merge, never its window or gauges
+(:func:`specscope.merge.aged`). Gone is decided without wall-clock time, which steps (NTP, an operator): each file
+names its publisher's pid and a number the publisher raises with every write; the reader notes on its own monotonic
+clock when that number last changed. A peer whose pid no longer exists is gone at once; one not seen to publish for
+:data:`STALE_S` of the reader's monotonic time is gone too (a hung process, or a pid this reader cannot check: another
+host or pid namespace). The wall-clock times in the snapshots are shown, never used to judge a peer.
+
 The directory: ``SPECSCOPE_SHARE_DIR`` where set, else one the ``vllm serve`` process names before it starts its
 API-server processes (:func:`name_directory`, vLLM's ``vllm.general_plugins`` entry point): ``specscope-<uid>-<128
 random bits>`` under ``$XDG_RUNTIME_DIR`` where that is private, else the temp directory, handed to the children
@@ -39,12 +46,14 @@ import shutil
 import stat
 import tempfile
 import threading
+import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specscope import codec, private
+from specscope.merge import aged
 from specscope.model import Snapshot
 
 if TYPE_CHECKING:
@@ -54,10 +63,51 @@ log = logging.getLogger("specscope")
 
 #: Request records each process publishes (the merge keeps the newest of all).
 PUBLISHED_REQUESTS = 200
+#: Seconds of the reader's monotonic clock after which a peer not seen to publish is gone.
+STALE_S = 30.0
 #: Where the ``vllm serve`` process hands the directory it named to its API-server processes (not a setting).
 SERVER_ENV = "SPECSCOPE_SERVER_SHARE_DIR"
 
 _PEER = re.compile(r"(0|[1-9][0-9]{0,5})\.json")
+#: The reader's clock for peers' ages (a name of its own, for tests to move).
+monotonic = time.monotonic
+
+
+def _pid_namespace() -> str:
+    """This host and pid namespace: the pids of files written in the same one name processes this one can see."""
+    try:
+        ns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        ns = ""
+    return f"{os.uname().nodename} {ns}"
+
+
+_PID_NAMESPACE = _pid_namespace()
+
+
+@dataclass(frozen=True)
+class _Peer:
+    """Another process's file as last read."""
+
+    version: tuple[int, int, int, int]  # the file's (inode, mtime_ns, ctime_ns, size): unchanged, it is not reread
+    mark: tuple[int, int]  # the publisher's (pid, write number): a change is a publish
+    seen: float  # the reader's monotonic time when the mark last changed
+    pid: int | None  # the pid to check; None where the publisher is in another host or pid namespace
+    snap: Snapshot
+
+    def alive(self, now: float) -> bool:
+        """Seen to publish within :data:`STALE_S` before ``now`` (reader-monotonic), and its pid, where it can be
+        checked, still exists."""
+        if now - self.seen > STALE_S:
+            return False
+        if self.pid is not None:
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                return False
+            except PermissionError:  # it exists (another user's, so a reused pid): the silence limit decides
+                pass
+        return True
 
 
 def name_directory() -> None:
@@ -108,16 +158,19 @@ class ProcessShare:
         self.rank = rank
         self._processes = processes
         self.interval_s = interval_s
-        self._others: list[Snapshot] = []
-        self._bad: dict[str, tuple[int, int, int]] = {}  # refused files, counted once per version
+        self._peers: dict[str, _Peer] = {}  # replaced whole by each read, never changed in place
+        self._written = 0  # the number of this process's last write
+        self._bad: dict[str, tuple[int, int, int, int]] = {}  # refused files, counted once per version
         self._locks: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="specscope-share", daemon=True)
         self._thread.start()
 
     def others(self) -> list[Snapshot]:
-        """The other processes' last published snapshots (read in the background; never blocks)."""
-        return list(self._others)
+        """The other processes' last published snapshots (read in the background; never blocks), those of processes
+        gone as of now :func:`~specscope.merge.aged` (see the module docstring)."""
+        now = monotonic()
+        return [p.snap if p.alive(now) else aged(p.snap) for p in self._peers.values()]
 
     def lead(self, role: str) -> bool:
         """Whether this process holds ``role`` (a lock in the shared directory, held until the process ends)."""
@@ -163,17 +216,28 @@ class ProcessShare:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
-                self._publish()
-                self._read()
+                self.exchange()
             except Exception as exc:  # a full disk, a vanished directory: counted, never raised
                 self._count(exc)
 
+    def exchange(self) -> None:
+        """Publish this process's snapshot and read the others' now (the background thread does so every
+        ``interval_s``)."""
+        self._publish()
+        self._read()
+
     def _publish(self) -> None:
         snap = self._local.local_snapshot(forwards_alone=True)
-        data = b"".join(codec.encode(replace(snap, requests=snap.requests[-PUBLISHED_REQUESTS:])))
+        self._written += 1
+        head = json.dumps({"pid": os.getpid(), "pid_namespace": _PID_NAMESPACE, "seq": self._written},
+                          separators=(",", ":"))
+        data = b"".join([f'{head[:-1]},"snapshot":'.encode(),
+                         *codec.encode(replace(snap, requests=snap.requests[-PUBLISHED_REQUESTS:])), b"}"])
         private.replace_file(self.directory / f"{self.rank}.json", data)
 
-    def _load(self, name: str) -> Snapshot:
+    def _load(self, name: str) -> tuple[tuple[int, int], int | None, Snapshot]:
+        """A peer's file: its publisher's (pid, write number), the pid to check (None: not one this process can
+        see) and its snapshot."""
         path = self.directory / name
         match = _PEER.fullmatch(name)
         if not match:
@@ -183,31 +247,44 @@ class ProcessShare:
         with os.fdopen(private.open_private(path, os.O_RDONLY), "rb") as f:
             data = f.read()
         try:
-            return codec.from_dict(json.loads(data))
-        except ValueError as exc:
-            raise ValueError(f"{path}: {exc}") from None
+            doc = json.loads(data)
+            pid, seq = doc["pid"], doc["seq"]
+            if type(pid) is not int or pid <= 0 or type(seq) is not int:
+                raise ValueError(f"no publisher's pid and write number (pid {pid!r}, seq {seq!r})")
+            snap = codec.from_dict(doc["snapshot"])
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ValueError(f"{path}: not a share file: {exc}") from None
+        return (pid, seq), pid if doc.get("pid_namespace") == _PID_NAMESPACE else None, snap
 
     def _read(self) -> None:
-        others, bad = [], {}
+        now = monotonic()
+        peers: dict[str, _Peer] = {}
+        bad: dict[str, tuple[int, int, int, int]] = {}
         for entry in os.scandir(self.directory):
             if not entry.name.endswith(".json") or entry.name == f"{self.rank}.json":
                 continue
             try:
-                snap = self._load(entry.name)
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue  # gone since the listing
+            version = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+            known = self._peers.get(entry.name)
+            if known is not None and known.version == version:
+                peers[entry.name] = known
+                continue
+            try:
+                mark, pid, snap = self._load(entry.name)
             except FileNotFoundError:
                 continue  # gone since the listing
             except Exception as exc:  # refused or unreadable: counted once per version of the file
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                bad[entry.name] = version = (st.st_ino, st.st_mtime_ns, st.st_size)
+                bad[entry.name] = version
                 if self._bad.get(entry.name) != version:
                     self._count(exc)
                 continue
-            others.append(snap)
+            seen = known.seen if known is not None and known.mark == mark else now
+            peers[entry.name] = _Peer(version, mark, seen, pid, snap)
         self._bad = bad
-        self._others = others
+        self._peers = peers
 
 
 def join(hub: Hub, rank: int, processes: int) -> Callable[[str], bool] | None:

@@ -384,3 +384,111 @@ def test_a_peer_file_that_does_not_parse_shows_in_health(shared: Path) -> None:
         assert "1.json" in (hub.local_snapshot().health.last_error or "")
     finally:
         share.close()
+
+
+class Wall:
+    """The wall clock, which the test steps: the hubs' clock and ``time.time``."""
+
+    def __init__(self) -> None:
+        self.t = time.time()
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def record_steps(hub: Hub, engine: int) -> None:
+    """Three steps of ``engine`` (each process's own engine index, so that the merge shows whose numbers are whose)."""
+    for _ in range(3):
+        hub.record_step(StepStats(running=1, generation_tokens=2, num_spec_tokens=4, drafts=1, draft_tokens=4,
+                                  accepted=1), engine_index=engine)
+
+
+def engine(snap: Any, index: int) -> Any:
+    return next(e for e in snap.engines if e.index == index)
+
+
+def publish_as(shared: Path, rank: int, wall: Wall | None = None) -> Callable[[], None]:
+    """A process that publishes its snapshot (three steps of engine ``rank``) once; returns its
+    :func:`in_child` release, which ends it."""
+
+    def act() -> None:
+        hub = Hub(clock=wall) if wall is not None else Hub()
+        record_steps(hub, rank)
+        ProcessShare(hub, rank, shared, 60).exchange()
+
+    return in_child(act, hold=True)
+
+
+def test_a_clock_step_neither_brings_back_a_dead_process_nor_drops_a_live_one(
+        shared: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 48: a 40 s backward step of the wall clock brought a dead process's window back into the merge; a 31 s
+    forward step dropped a live one's. Liveness is the peer's pid and the reader's monotonic clock: neither moves."""
+    wall = Wall()
+    monkeypatch.setattr(time, "time", wall)
+    publish_as(shared, 2, wall)()  # it published, then it was killed
+    reader, live = Hub(clock=wall), Hub(clock=wall)
+    record_steps(live, 1)
+    wall.t += 35  # the dead process's snapshot is 35 s old
+    share_r, share_l = ProcessShare(reader, 0, shared, 60), ProcessShare(live, 1, shared, 60)
+    reader.attach_share(share_r)
+    try:
+        def merged(step: float, publish: bool = True) -> tuple[int, int, bool]:
+            """After a clock step: the dead process's engine's window and lifetime steps, and whether the live
+            one's engine is live (its gauges kept, not aged)."""
+            if publish:
+                share_l.exchange()
+            wall.t += step
+            share_r.exchange()
+            snap = reader.snapshot()
+            return engine(snap, 2).window.steps, engine(snap, 2).lifetime.steps, engine(snap, 1).updated_at > 0
+
+        assert merged(0) == (0, 3, True)
+        assert merged(-40) == (0, 3, True)  # the dead one's file is "5 s old" now: still dead
+        merged(40)
+        assert merged(31, publish=False) == (0, 3, True)  # the live one's file is "31 s old": still live
+    finally:
+        share_r.close()
+        share_l.close()
+
+
+def test_a_killed_process_leaves_the_window_at_once_and_keeps_its_lifetime(shared: Path) -> None:
+    release = publish_as(shared, 1)
+    reader = Hub()
+    share = ProcessShare(reader, 0, shared, 60)
+    reader.attach_share(share)
+    try:
+        share.exchange()
+        assert engine(reader.snapshot(), 1).window.steps == 3
+        release()  # killed: no further read of the file is needed to know
+        gone = engine(reader.snapshot(), 1)
+        assert gone.window.steps == 0 and gone.lifetime.steps == 3 and gone.updated_at == 0.0
+    finally:
+        share.close()
+
+
+def test_a_peer_silent_past_the_limit_is_gone_until_it_publishes_again(
+        shared: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A peer whose pid lives on (hung, or a pid reused) but that has not been seen to publish for STALE_S of the
+    reader's monotonic time is gone; a fresh write brings it back."""
+    from specscope import share as share_module
+
+    now = [1000.0]
+    monkeypatch.setattr(share_module, "monotonic", lambda: now[0])
+    reader, peer = Hub(), Hub()
+    record_steps(peer, 1)
+    share_r, share_p = ProcessShare(reader, 0, shared, 60), ProcessShare(peer, 1, shared, 60)
+    reader.attach_share(share_r)
+    try:
+        share_p.exchange()
+        share_r.exchange()
+        now[0] += share_module.STALE_S
+        assert engine(reader.snapshot(), 1).window.steps == 3
+        now[0] += 1
+        share_r.exchange()  # the same file, unchanged: not a sign of life
+        assert engine(reader.snapshot(), 1).window.steps == 0
+        share_p.exchange()
+        share_r.exchange()
+        assert engine(reader.snapshot(), 1).window.steps == 3
+    finally:
+        share_r.close()
+        share_p.close()

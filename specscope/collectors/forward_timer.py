@@ -3,12 +3,15 @@ prices a plain step from (docs/speed-anchor.md).
 
 :func:`install` (vLLM's ``vllm.general_plugins`` entry point, through :mod:`specscope.plugin`) wraps the V1
 ``GPUModelRunner._model_forward`` at class level once its module is imported (``CPUModelRunner`` inherits it;
-warm-up and profile runs call the model directly, so only real steps are timed). Each call adds its seconds to a
-running sum keyed by (requests in the batch, tokens it ran): a plain decode step at batch b is (b, b), a speculative
-one at K is (b, b·(K+1)). A daemon thread writes the sums about four times a second to
-``<dir>/<engine index>.forward.json`` (ours, 0600, a fresh ``O_EXCL|O_NOFOLLOW`` file renamed over the last), and
-the stat logger in the front-end process reads them (:class:`ForwardDeltas`): vLLM's stats drop fields it does not
-declare. The directory is
+warm-up and profile runs call the model directly, so only real steps are timed). Each call adds to running sums
+(count, seconds, requests, tokens) under its shape's key (:func:`shape_key`): the requests in the batch and the tokens
+a request it ran, rounded up (a plain decode step at batch b is (b, 1), a speculative one at K (b, K + 1)), exact
+where the verdict tells shapes apart and bucketed beyond, so that there are never more than :data:`MAX_KEYS` keys
+whatever the traffic. A daemon thread writes the sums about four times a second to
+``<dir>/<engine index>.forward.json`` (ours, 0600, a fresh ``O_EXCL|O_NOFOLLOW`` file renamed over the last),
+encoding only the keys that changed, and the stat logger in the front-end process reads them
+(:class:`ForwardDeltas`): vLLM's stats drop fields it does not declare. A file it cannot read is raised to the
+stat logger, which counts it in health (``forward times``). The directory is
 ``SPECSCOPE_FORWARD_DIR`` (``specscope.LLM`` names a fresh one per engine), else ``forward/`` in the server's share
 directory (:mod:`specscope.share`); without either nothing is timed.
 
@@ -43,31 +46,74 @@ log = logging.getLogger("specscope")
 ENV = "SPECSCOPE_FORWARD_DIR"
 #: Seconds between two writes of the sums.
 PUBLISH_S = 0.25
+#: Requests in a forward kept apart exactly below this (every batch size a CPU server runs at: vLLM's
+#: ``max_num_seqs`` is 128 or 256 there by default); from here four buckets a doubling, up to :data:`MAX_REQUESTS`.
+EXACT_REQUESTS = 256
+#: Forwards of this many requests or more share one key.
+MAX_REQUESTS = 1 << 16
+#: Tokens a request (rounded up) kept apart exactly up to this: a decode forward at any K up to 15 (K + 1 tokens a
+#: request) never shares a key with one that ran a prompt. Above, one bucket a doubling (one edge is
+#: :data:`~specscope.counts.FIT_TOKENS_PER_REQUEST`, the forward fit's limit) up to :data:`MAX_PER_REQUEST`.
+EXACT_PER_REQUEST = 16
+#: Forwards of more tokens a request than this share one key (long prompts: neither the fit nor a batch size's
+#: decode forwards take them).
+MAX_PER_REQUEST = 1024
+#: The most keys there can be: every bucket of requests by every bucket of tokens a request.
+MAX_KEYS = ((EXACT_REQUESTS - 1 + 4 * (MAX_REQUESTS.bit_length() - EXACT_REQUESTS.bit_length()) + 1)
+            * (EXACT_PER_REQUEST + 1 + (MAX_PER_REQUEST.bit_length() - EXACT_PER_REQUEST.bit_length()) + 1))
+#: The largest file :func:`read` takes (:data:`MAX_KEYS` rows come to under half of it).
+MAX_BYTES = 1 << 20
 _MARK = "_specscope_forward_timer"
 perf_counter = time.perf_counter
 
 
+def shape_key(requests: int, tokens: int) -> tuple[int, int]:
+    """The key a forward of ``requests`` (at least 1) running ``tokens`` is summed under: (requests, tokens a request
+    rounded up), each exact where small (:data:`EXACT_REQUESTS`, :data:`EXACT_PER_REQUEST`), else the bucket's
+    lower edge of requests and upper edge of tokens a request. A bucket never straddles ``r·(K+1)`` for K up to 15
+    nor the fit's ``r·FIT_TOKENS_PER_REQUEST``, so each key's forwards all fall on one side of both."""
+    per = -(-tokens // requests)
+    if per > EXACT_PER_REQUEST:
+        per = 1 << (min(per, MAX_PER_REQUEST + 1) - 1).bit_length()
+    if requests >= EXACT_REQUESTS:
+        shift = requests.bit_length() - 3
+        requests = min(requests >> shift << shift, MAX_REQUESTS)
+    return requests, per
+
+
 class ForwardSums:
-    """Running sums of timed forwards by (requests, tokens): count and seconds; thread-safe."""
+    """Running sums of timed forwards by :func:`shape_key`: count, seconds, requests and tokens (so that each key's
+    means are exact); thread-safe."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._sums: dict[tuple[int, int], list[float]] = {}
+        self._changed: set[tuple[int, int]] = set()
         self.version = 0
 
     def add(self, requests: int, tokens: int, seconds: float) -> None:
+        """Add one forward (none without requests: a dummy run)."""
+        requests, tokens = int(requests), int(tokens)
+        if requests < 1:
+            return
+        key = shape_key(requests, tokens)
         with self._lock:
-            row = self._sums.get((requests, tokens))
+            row = self._sums.get(key)
             if row is None:
-                row = self._sums[(int(requests), int(tokens))] = [0, 0.0]
+                row = self._sums[key] = [0, 0.0, 0, 0]
             row[0] += 1
             row[1] += seconds
+            row[2] += requests
+            row[3] += tokens
+            self._changed.add(key)
             self.version += 1
 
-    def rows(self) -> list[list[float]]:
-        """``[requests, tokens, count, seconds]`` for each key, sorted."""
+    def take_changed(self) -> list[tuple[tuple[int, int], list[float]]]:
+        """Each key changed since the last call, with its sums as they are now: [count, seconds, requests, tokens]."""
         with self._lock:
-            return [[r, t, int(c), s] for (r, t), (c, s) in sorted(self._sums.items())]
+            out = [(key, list(self._sums[key])) for key in self._changed]
+            self._changed.clear()
+        return out
 
 
 class Publisher:
@@ -77,45 +123,59 @@ class Publisher:
     def __init__(self, directory: Path, name: str, sums: ForwardSums) -> None:
         self.directory, self.path, self.sums = directory, directory / name, weakref.ref(sums)
         self._written = -1
+        self._rows: dict[tuple[int, int], str] = {}  # each key's row as last encoded
         self._thread = threading.Thread(target=self._loop, name="specscope-forward", daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
+        failing = False
         while True:
             time.sleep(PUBLISH_S)
             try:
                 if not self.publish():
                     return
-            except OSError as e:  # the directory went away or was tampered with: stop, never raise
-                log.warning("specscope: forward times not published (%s)", e)
-                return
+                failing = False
+            except OSError as e:  # a full disk, a directory gone or tampered with: said once, tried again, never raised
+                if not failing:
+                    log.warning("specscope: forward times not published (%s); trying again", e)
+                failing = True
 
     def publish(self) -> bool:
-        """Write the sums now if they changed since the last write; False once their runner is gone."""
+        """Write the sums now if they changed since the last write, encoding only the keys that changed (from the
+        publishing thread alone); False once their runner is gone."""
         sums = self.sums()
         if sums is None:
             return False
         version = sums.version
         if version == self._written:
             return True
-        private.replace_file(self.path, json.dumps({"pid": os.getpid(), "sums": sums.rows()}).encode())
+        for key, row in sums.take_changed():
+            self._rows[key] = json.dumps([*key, *row])
+        private.replace_file(self.path, f'{{"pid":{os.getpid()},"sums":[{",".join(self._rows.values())}]}}'.encode())
         self._written = version
         return True
 
 
-def read(path: Path) -> list[tuple[int, int, int, float]] | None:
-    """The sums a :class:`Publisher` wrote to ``path``: (requests, tokens, count, seconds) rows; None where the file
-    is absent, not private to us or not what a publisher writes."""
+def read(path: Path) -> dict[tuple[int, int], tuple[int, float, int, int]] | None:
+    """The sums a :class:`Publisher` wrote to ``path``: (count, seconds, requests, tokens) by :func:`shape_key`; None
+    where there is no file. PermissionError where it is not private to us, ValueError where it is not what a
+    publisher writes or is larger than :data:`MAX_BYTES`."""
     try:
         fd = private.open_private(path, os.O_RDONLY)
-    except OSError:  # PermissionError too: not ours
+    except FileNotFoundError:
         return None
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
+        raise ValueError(f"{path}: over {MAX_BYTES} bytes; not read")
     try:
-        with os.fdopen(fd, "rb") as f:
-            doc = json.loads(f.read(1 << 20))
-        return [(int(r), int(t), int(c), float(s)) for r, t, c, s in doc["sums"]]
-    except (OSError, ValueError, TypeError, KeyError):
-        return None
+        sums = {(int(r), int(q)): (int(c), float(s), int(rs), int(ts))
+                for r, q, c, s, rs, ts in json.loads(data)["sums"]}
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ValueError(f"{path}: not forward times ({type(exc).__name__}: {exc})") from None
+    if not all(c >= 0 and 0.0 <= s < float("inf") for c, s, _, _ in sums.values()):
+        raise ValueError(f"{path}: not forward times (a negative count or seconds not finite)")
+    return sums
 
 
 def named() -> Path | None:
@@ -233,22 +293,43 @@ class ForwardDeltas:
 
     def __init__(self, where: Path) -> None:
         self.directory = where
-        self._last: dict[int, dict[tuple[int, int], tuple[int, float]]] = {}
+        self._last: dict[int, dict[tuple[int, int], tuple[int, float, int, int]]] = {}
+        self._versions: dict[int, tuple[int, int, int, int]] = {}  # each engine's file as last read
 
     def since(self, engine: int) -> list[tuple[int, int, int, float]]:
-        """``(requests, tokens, count, seconds)`` added since the last call for ``engine``; [] where nothing was
-        read."""
-        rows = read(self.directory / f"{engine}.forward.json")
-        if rows is None:
+        """``(requests, tokens, count, seconds)`` rows of the forwards ``engine`` added since the last call: each
+        key's as rows of whole tokens either side of their mean (:func:`_rows`), so that counts, seconds and tokens
+        add up exactly; [] where nothing new was published. A file that cannot be read raises (once per version of
+        it; the stat logger counts it in health) and its forwards come with the next one that can."""
+        path = self.directory / f"{engine}.forward.json"
+        try:
+            st = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            return []
+        version = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+        if self._versions.get(engine) == version:
+            return []
+        self._versions[engine] = version
+        now = read(path)
+        if now is None:
             return []
         last = self._last.get(engine, {})
-        now = {(r, t): (c, s) for r, t, c, s in rows}
-        if any(now.get(key, (0, 0.0))[0] < c for key, (c, _) in last.items()):
+        if any(now.get(key, (0,))[0] < row[0] for key, row in last.items()):
             last = {}  # the engine's process restarted: its sums began again
         self._last[engine] = now
         out = []
-        for (r, t), (c, s) in now.items():
-            c0, s0 = last.get((r, t), (0, 0.0))
-            if c > c0 and r > 0:
-                out.append((r, t, c - c0, s - s0))
+        for key, (c, s, rs, ts) in now.items():
+            c0, s0, rs0, ts0 = last.get(key, (0, 0.0, 0, 0))
+            if c > c0:
+                out += _rows(c - c0, s - s0, rs - rs0, ts - ts0)
         return out
+
+
+def _rows(count: int, seconds: float, requests: int, tokens: int) -> list[tuple[int, int, int, float]]:
+    """``count`` forwards of one key, with these sums, as ``(requests, tokens, count, seconds)`` rows: requests
+    their mean (exact below :data:`EXACT_REQUESTS`), tokens the whole numbers either side of their mean, as many
+    forwards at each as make the tokens add up, and the seconds shared by count."""
+    r = max(1, round(requests / count))
+    t, above = divmod(tokens, count)
+    first = seconds * (count - above) / count
+    return [(r, t, count - above, first)] + ([(r, t + 1, above, seconds - first)] if above else [])

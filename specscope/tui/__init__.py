@@ -216,6 +216,9 @@ def _once(targets: list[Target], args: argparse.Namespace, player: object | None
             for t in targets:
                 t.poll()
                 t.evaluate()
+        if player.skipped:
+            print(f"specscope: {player.path}: {player.skipped} unusable line{'s' if player.skipped > 1 else ''} "
+                  "skipped (torn, not a snapshot, or no finite time)", file=sys.stderr)
     else:
         run_once(targets)
     failed = [t for t in targets if t.error or t.snapshot is None]

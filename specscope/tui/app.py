@@ -195,6 +195,8 @@ class TopApp(App[None]):
             p = self.player
             state = "paused" if p.paused else ("ended" if p.finished else "playing")
             parts.append(f"replay {state} {p.speed:g}x at +{p.position - p.start:.0f}s")
+            if p.skipped:
+                parts.append(f"{p.skipped} unusable line{'s' if p.skipped > 1 else ''} skipped")
         elif self.paused:
             parts.append("PAUSED")
         if self.recorder is not None:

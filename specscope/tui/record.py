@@ -3,7 +3,10 @@
 Each line is ``{"t": time, "target": name, "snapshot": {...}}``. To stay compact a line carries only the request
 records that finished since the target's previous line (``"requests"`` holds the new ones, each written once it
 is complete; replay rebuilds the table). A recording stops growing at ``max_bytes`` and says so. Replay reads
-the file as it plays, so memory is flat however long the recording is.
+the file as it plays, so memory is flat however long the recording is. A line replay cannot use (torn, not JSON,
+a time that is not a finite number, a snapshot that does not parse) is skipped and counted (:attr:`Player.skipped`,
+shown with the replay's state). A target's time that goes back (its clock stepped) neither stalls nor rushes replay:
+the line after the step plays its target's last gap after the line before, and the lines after it at their own pace.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+import math
 from collections import deque
 from pathlib import Path
 from typing import IO, Any
@@ -85,17 +89,26 @@ class Player:
         self.speed = 1.0
         self.paused = False
         self.finished = False
+        #: Lines played past that replay could not use (see the module docstring).
+        self.skipped = 0
         self._latest: dict[str, Snapshot] = {}
+        # Each target's last recorded time, what is added to its times (its clock's steps back) and its last gap.
+        self._shift: dict[str, tuple[float, float, float]] = {}
         self._requests: dict[str, deque[RequestRecord]] = {t: deque(maxlen=MAX_REQUESTS) for t in self.targets}
         self._ahead: tuple[float, str, dict[str, Any]] | None = None
 
     @staticmethod
     def _decode(line: str) -> tuple[float, str, dict[str, Any]] | None:
+        """A line's time, target and snapshot document; None where it is torn or foreign, or its time is not a
+        finite number."""
         try:
             d = json.loads(line)
-            return float(d["t"]), str(d["target"]), d["snapshot"]
+            t, target, snap = d["t"], str(d["target"]), d["snapshot"]
         except (ValueError, KeyError, TypeError):
-            return None  # a torn or foreign line is skipped
+            return None
+        if type(t) not in (int, float) or not math.isfinite(t):
+            return None
+        return float(t), target, snap
 
     def advance(self, seconds: float) -> None:
         """Move the playback clock on by ``seconds`` × speed (nothing while paused)."""
@@ -109,12 +122,25 @@ class Player:
             self._play_until(nxt[0])
 
     def _peek(self) -> tuple[float, str, dict[str, Any]] | None:
+        """The next usable line, its time on the playback clock: the recorded one, moved on by however far its
+        target's clock stepped back (each step taken as the target's last gap between lines)."""
         while self._ahead is None:
             line = self._file.readline()
             if not line:
                 self.finished = True
                 return None
-            self._ahead = self._decode(line)
+            rec = self._decode(line)
+            if rec is None:
+                self.skipped += 1
+                continue
+            t, target, d = rec
+            last, shift, gap = self._shift.get(target, (t, 0.0, 0.0))
+            if t < last:
+                shift += last - t + gap
+            else:
+                gap = t - last
+            self._shift[target] = (t, shift, gap)
+            self._ahead = (t + shift, target, d)
         return self._ahead
 
     def _play_until(self, t: float) -> None:
@@ -124,6 +150,7 @@ class Player:
             try:
                 snap = codec.from_dict(d)
             except ValueError:
+                self.skipped += 1
                 continue
             kept = self._requests.setdefault(target, deque(maxlen=MAX_REQUESTS))
             kept.extend(snap.requests)
