@@ -141,12 +141,11 @@ def test_forwards_read_by_one_process_join_the_steps_another_got() -> None:
 
 
 def test_a_gone_process_keeps_its_lifetime_counts_but_its_window_ages_out() -> None:
-    """A process that stopped publishing (dead) for longer than STALE_S: its steps and requests stay in the
-    lifetime counts, none of them in the window (overall, per engine, per class), and its gauges lose to any live
-    one's."""
-    from dataclasses import replace
-
-    from specscope.merge import STALE_S
+    """A process that is gone (the share judges it: its pid gone, or silent past STALE_S of the reader's monotonic
+    clock; tests/test_share.py) comes in aged: its steps and requests stay in the lifetime counts, none of them in
+    the window (overall, per engine, per class), and its gauges lose to any live one's. The merge itself never
+    judges by the snapshots' wall-clock times."""
+    from specscope.merge import aged
 
     clock = Clock()
     live, dead = Hub(clock=clock), Hub(clock=clock)
@@ -157,17 +156,17 @@ def test_a_gone_process_keeps_its_lifetime_counts_but_its_window_ages_out() -> N
     live.record_step(step(1, 0.2, 4), engine_index=0)
     fresh = merge([live.local_snapshot(), gone])
     assert fresh.window.spec.accepted == 3 * 2 + 4  # type: ignore[union-attr]  # a live peer: all of it
-    clock.t += STALE_S
+    clock.t += 30  # its snapshot 31 s old by the wall clock: the merge does not judge it by that
+    assert merge([live.local_snapshot(), gone]).window.steps == 2
     live.record_step(step(1, 0.2, 4), engine_index=0)
-    merged = merge([live.local_snapshot(), gone])
+    merged = merge([live.local_snapshot(), aged(gone)])
+    assert merged.time == live.local_snapshot().time  # the merging process's moment, not a peer's
     assert merged.lifetime.spec.accepted == 3 * 2 + 4 * 2  # type: ignore[union-attr]
     assert merged.window.spec.accepted == 4 * 2 and merged.window.steps == 2  # type: ignore[union-attr]
     (engine,) = merged.engines
     assert engine.window.steps == 2 and engine.running == 1
     (code,) = merged.classes
     assert code.lifetime.requests == 1 and code.window.requests == 0
-    # Aged by the merging process's clock, not by when the file was read: a peer as old is gone however read.
-    assert merge([live.local_snapshot(), replace(gone, time=clock.t - 1)]).window.steps == 3
 
 
 def test_a_histogram_with_other_buckets_is_left_out_and_counted_in_health() -> None:
