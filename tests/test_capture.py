@@ -1,12 +1,16 @@
-"""Capture of traffic as training data (:mod:`specscope.capture`): settings, privacy, choice of rows, the rows
-themselves, the size cap, a failing disk, and what the snapshot says (counts, never text)."""
+"""Capture of traffic as training data (:mod:`specscope.capture`): settings, privacy, choice of rows (the operator's
+classes, never a client's claim unless named so), the rows themselves, the size cap (one for a server's processes),
+what is held in memory, a failing disk (whole lines only, said without a path), and what the snapshot says (counts,
+never text)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import stat
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -244,3 +248,194 @@ def test_the_serve_plugin_says_a_bad_setting_in_one_line_and_serves_on(tmp_path:
         lines = [r.getMessage() for r in caplog.records if "capture" in r.getMessage()]
         assert len(lines) == 1 and why in lines[0] and "\n" not in lines[0], lines
         monkeypatch.delenv("SPECSCOPE_CAPTURE_CLASSES", raising=False)
+
+
+def lines(directory: Path) -> list[bytes]:
+    """Every line of the capture files, each checked to be a whole JSON row."""
+    out = [line for f in sorted(directory.glob("capture-*.jsonl")) for line in f.read_bytes().split(b"\n")[:-1]]
+    for f in directory.glob("capture-*.jsonl"):
+        assert f.read_bytes()[-1:] in (b"", b"\n"), f"{f.name} ends in a torn line"
+    for line in out:
+        json.loads(line)
+    return out
+
+
+def accounted(cap: Capture) -> int:
+    """The rows a capture wrote or counted as dropped."""
+    status = cap.status()
+    return status.rows + status.dropped_at_cap + status.dropped_behind
+
+
+def test_what_is_held_for_records_is_bounded_and_what_is_pushed_out_is_counted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from specscope import capture
+
+    monkeypatch.setattr(capture, "MAX_HELD_BYTES", 64 << 10)
+    hub = Hub(max_requests=2000)
+    cap = Capture(CaptureConfig(tmp_path / "bytes", ("code",)), hub)
+    body = b'{"messages": [{"role": "user", "content": "' + b"y" * 4000 + b'"}]}'
+    for i in range(100):  # finished, their records not in yet: 400 KB against 64 KiB
+        cap.hold(f"r{i}", Payload("p", [1, 2, 3], [7, 8], "out", body, None))
+    assert 0 < len(cap._held) < 20 and cap._held_bytes <= 64 << 10
+    assert cap._held_bytes == sum(capture.held_size(p) for p, _ in cap._held.values())
+    for i in range(100):
+        hub.requests.record(f"r{i}", traffic_class="code" if i % 2 else "chat", prompt_tokens=3,
+                            generation_tokens=2, finish_reason="length")
+    done(hub, cap)
+    status = cap.status()
+    kept = len(rows(tmp_path / "bytes"))
+    assert 0 < kept == status.rows and kept + status.dropped_behind == 50  # each chosen one: written or counted
+    cap.hold("late", Payload("p", [1], [2], "out", body, None))
+    assert not cap._held and cap._held_bytes == 0  # closed: nothing held
+
+    monkeypatch.setattr(capture, "MAX_HELD", 20)
+    cap = Capture(CaptureConfig(tmp_path / "count", ("code",)), hub)
+    for i in range(60):  # records that never come
+        cap.hold(f"n{i}", Payload("p", [1], [2], "out", None, None))
+    assert len(cap._held) == len(cap._gone) == 20 and cap.status().dropped_behind == 20
+    cap.close()
+
+
+def test_a_row_that_cannot_be_made_is_counted_and_capture_goes_on(tmp_path: Path) -> None:
+    hub = Hub()
+    cap = Capture(CaptureConfig(tmp_path, ("code",)), hub)
+    finish(hub, cap, "a", "code", accepted=100)
+    finish(hub, cap, "bad", "code", accepted=100, text="\ud800 a lone surrogate: no UTF-8 for it")
+    finish(hub, cap, "c", "code", accepted=100)
+    done(hub, cap)
+    status = cap.status()
+    assert len(lines(tmp_path)) == status.rows == 2 and status.dropped_behind == 1 and status.stopped is None
+    health = hub.snapshot().health
+    assert dict(health.errors) == {"capture row": 1} and "UnicodeEncodeError" in (health.last_error or "")
+
+
+def test_a_short_or_failed_write_leaves_whole_lines_and_writing_resumes(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from specscope import capture
+
+    monkeypatch.setattr(capture, "RETRY_S", 0.0)  # try again with the next row
+    hub = Hub(max_requests=2000)
+    cap = Capture(CaptureConfig(tmp_path, ("code",), max_bytes=64 << 10), hub)
+    real_write, calls = os.write, [0]
+
+    def flaky(fd: int, data: bytes) -> int:
+        if b"input_ids" not in data:
+            return real_write(fd, data)
+        calls[0] += 1
+        if calls[0] % 5 == 0:  # the disk takes half the line
+            return real_write(fd, data[:len(data) // 2])
+        if calls[0] % 7 == 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", flaky)
+    for i in range(120):
+        finish(hub, cap, f"r{i}", "code", accepted=100, prompt=tuple(range(40)))
+    assert hub.requests.wait_idle(5)
+    deadline = time.monotonic() + 10
+    while accounted(cap) < 120 and time.monotonic() < deadline:  # the writer is through them
+        time.sleep(0.01)
+    monkeypatch.setattr(os, "write", real_write)  # space again
+    finish(hub, cap, "last", "code", accepted=100, prompt=tuple(range(40)))
+    done(hub, cap)
+    status = cap.status()
+    on_disk = lines(tmp_path)
+    assert len(on_disk) == status.rows and status.bytes == sum(len(x) + 1 for x in on_disk)
+    assert accounted(cap) == 121 and status.dropped_behind >= 20
+    assert status.stopped is None  # the last write went through: capture writes again
+    assert dict(hub.snapshot().health.errors)["capture"] >= 1
+
+
+def test_a_failure_never_says_where_capture_writes(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import shutil
+
+    secret = tmp_path / "where-nobody-may-know-7f3a"
+    hub = Hub()
+    cap = Capture(CaptureConfig(secret, ("code",), max_bytes=64 << 10), hub)
+    finish(hub, cap, "a", "code", accepted=100)
+    assert hub.requests.wait_idle(5)
+    shutil.rmtree(secret)  # the directory taken away
+    for i in range(100):  # the next file cannot be begun
+        finish(hub, cap, f"r{i}", "code", accepted=100, prompt=tuple(range(40)))
+    done(hub, cap)
+    snap = hub.snapshot()
+    said = [snap.capture.stopped if snap.capture else None, snap.health.last_error, caplog.text,
+            json.dumps(codec.to_dict(snap)), summary(snap), capture_line(snap)]
+    assert not [s for s in said if s and (secret.name in s or str(tmp_path) in s)], said
+    assert snap.capture is not None and "ENOENT (No such file or directory)" in (snap.capture.stopped or "")
+
+
+def test_a_class_the_client_claims_is_captured_only_where_the_operator_names_it_so(tmp_path: Path) -> None:
+    assert CaptureConfig(tmp_path, ("baggage:code", "weak")).classes == ("baggage:code", "weak")
+    with pytest.raises(CaptureError, match="baggage"):
+        CaptureConfig(tmp_path, ("baggage:prompt:<256",))  # a name no client can claim
+    requests = ("code", "baggage:code", "hard", "baggage:hard")  # the operator's label, or the client's claim
+    for selectors, written in ((("code",), {"code"}), (("baggage:code",), {"baggage:code"}), (("weak",), {"hard"}),
+                               (("weak", "baggage:hard"), {"hard", "baggage:hard"})):
+        directory = tmp_path / "-".join(selectors)
+        hub = Hub()
+        cap = Capture(CaptureConfig(directory, selectors), hub)
+        hub.requests.record("warm", traffic_class="hard", prompt_tokens=1, spec_steps=50, draft_tokens=200,
+                            accepted_tokens=20)  # the window: "hard" under the weak-draft line
+        assert hub.requests.wait_idle(5)
+        cap._weak_at = float("-inf")
+        for i, rid in enumerate(requests):
+            client = rid.startswith("baggage:")
+            cap.hold(rid, Payload("p", [i], [9], "out", None, None, client))
+            hub.requests.record(rid, traffic_class=rid.removeprefix("baggage:"), prompt_tokens=1, spec_steps=50,
+                                draft_tokens=200, accepted_tokens=20 if rid.endswith("hard") else 180)
+        done(hub, cap)
+        assert {requests[r["input_ids"][0]] for r in rows(directory)} == written, selectors
+
+
+def on_disk(directory: Path) -> int:
+    """The bytes of the capture files there now (one removed while they are summed counts none)."""
+    total = 0
+    for f in directory.glob("capture-*.jsonl"):
+        with contextlib.suppress(FileNotFoundError):
+            total += f.stat().st_size
+    return total
+
+
+def test_the_server_s_processes_keep_to_one_budget_in_one_directory(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from specscope import capture
+
+    monkeypatch.setattr(capture, "RECOUNT_S", 0.05)
+    cap_bytes = 64 << 10
+    hubs = [Hub(max_requests=2000), Hub(max_requests=2000)]
+    caps = []
+    for pid, hub in enumerate(hubs, 1000):  # two API-server processes of one server
+        hub.server_processes = 2
+        monkeypatch.setattr(os, "getpid", lambda pid=pid: pid)
+        caps.append(Capture(CaptureConfig(tmp_path, ("code",), max_bytes=cap_bytes), hub))
+    for i in range(600):  # ~500 bytes a row: 300 KB offered against 64 KB
+        finish(hubs[i % 2], caps[i % 2], f"r{i}", "code", accepted=100, prompt=tuple(range(40)))
+        if i % 20 == 0:
+            assert on_disk(tmp_path) <= cap_bytes
+    deadline = time.monotonic() + 10
+    while any(accounted(cap) < 300 for cap in caps) and time.monotonic() < deadline:  # both writers through
+        time.sleep(0.01)
+    while sum(cap.status().rows for cap in caps) != len(lines(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.01)  # idle, each finds its files the other removed
+    assert sum(cap.status().rows for cap in caps) == len(lines(tmp_path))
+    for hub, cap in zip(hubs, caps, strict=True):
+        done(hub, cap)
+    assert on_disk(tmp_path) <= cap_bytes
+    statuses = [cap.status() for cap in caps]
+    assert sum(s.rows for s in statuses) == len(lines(tmp_path)) > 0  # each counts its own rows still there
+    assert sum(s.rows + s.dropped_at_cap for s in statuses) == 600 and all(s.dropped_at_cap for s in statuses)
+
+
+def test_weak_is_chosen_from_the_whole_server_s_window(tmp_path: Path) -> None:
+    other, hub = Hub(), Hub()
+    for i in range(3):  # another API-server process served most of class "hard", under the weak-draft line
+        other.requests.record(f"o{i}", traffic_class="hard", prompt_tokens=3, spec_steps=50, draft_tokens=200,
+                              accepted_tokens=20)
+    assert other.wait_idle(5)
+    hub.attach_share(SimpleNamespace(others=lambda: [other.local_snapshot(forwards_alone=True)]))
+    cap = Capture(CaptureConfig(tmp_path), hub)
+    finish(hub, cap, "mine", "hard", accepted=2, steps=10)  # this process's own share: too little to judge
+    done(hub, cap)
+    assert [r["class"] for r in rows(tmp_path)] == ["hard"]
+    assert hub.snapshot().capture.weak_now == ("hard",)  # type: ignore[union-attr]

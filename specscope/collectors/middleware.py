@@ -17,8 +17,10 @@ for ``stream_options.include_usage``) and joins them to the plugin's records. Ev
 it is looked at, so a response is never delayed; text is never kept.
 
 Each completion request's traffic class is read from its headers (the header named by ``SPECSCOPE_CLASS_HEADER``
-where it has it, else the W3C ``baggage`` member ``traffic_class``) and set for vLLM's ``add_request``, where the
-hook notes it.
+where it has it, else the W3C ``baggage`` member ``traffic_class``: the client's own claim, which a capture writes
+only where the operator says so) and set for vLLM's ``add_request``, where the hook notes it. While a capture runs,
+a chat request's body (up to :data:`MAX_BODY`) is kept as vLLM reads it and handed to the hook as vLLM adds the
+request; the middleware lets go of it then, or when the request ends without being added.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -161,32 +163,39 @@ class SpecscopeMiddleware:
         if path not in COMPLETION_PATHS:
             await self.app(scope, receive, send)
             return
-        cls = self._traffic_class(scope)
+        cls, client = self._traffic_class(scope)
         token = vllm_hook.TRAFFIC_CLASS.set(cls)  # the hook notes it as vLLM adds the request, in this context
-        if self.hub.capture is not None and path == "/v1/chat/completions":
-            receive, body = _kept(receive)  # the messages, for the capture: read on its thread, not here
-            noted = vllm_hook.MESSAGES.set(_once(body))
-        else:
-            noted = None
+        claimed = vllm_hook.CLIENT_CLASS.set(client)
+        capturing = path == "/v1/chat/completions" and self.hub.capture is not None and self.hub.capture.running
+        body = _Body(receive) if capturing else None  # the messages, for the capture: read on its thread, not here
+        noted = vllm_hook.MESSAGES.set(body) if body is not None else None
+        if body is not None:
+            receive = body.receive
         try:
             if self.join:
                 await self._joined(scope, receive, send, cls)
             else:
                 await self.app(scope, receive, send)
         finally:
+            if body is not None:
+                body.release()  # a task vLLM started in this context keeps the context, not the body
             if noted is not None:
                 vllm_hook.MESSAGES.reset(noted)
+            vllm_hook.CLIENT_CLASS.reset(claimed)
             vllm_hook.TRAFFIC_CLASS.reset(token)
 
-    def _traffic_class(self, scope: Scope) -> str | None:
-        """The request's class from its headers: the operator's named header, else the ``baggage`` member."""
+    def _traffic_class(self, scope: Scope) -> tuple[str | None, bool]:
+        """The request's class from its headers: the operator's named header, else the ``baggage`` member; and
+        whether it is the client's own claim (from baggage)."""
         try:
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or ()
                        if k in _CLASS_HEADERS or k == self.class_header}
-            return classes.from_headers(headers, self.class_header.decode("latin-1") if self.class_header else None)
+            named = self.class_header.decode("latin-1") if self.class_header else None
+            cls = classes.from_headers(headers, named)
+            return cls, cls is not None and (named is None or named not in headers)
         except Exception as exc:
             self.hub.health.count_error("middleware", exc)
-            return None
+            return None, False
 
     async def _joined(self, scope: Scope, receive: Receive, send: Send, cls: str | None) -> None:
         reader = _Reader()
@@ -248,22 +257,36 @@ class SpecscopeMiddleware:
         await send({"type": "http.response.body", "body": b""})
 
 
-def _kept(receive: Receive) -> tuple[Receive, bytearray]:
-    """``receive`` that also keeps the request's body (up to :data:`MAX_BODY`), and the body it keeps."""
-    body = bytearray()
+class _Body:
+    """A chat request's body as vLLM reads it (up to :data:`MAX_BODY`: a larger one is let go as it grows past), and
+    the iterator of :data:`vllm_hook.MESSAGES`: the body once, as vLLM adds the request (it has read it all by
+    then), after which it is let go here."""
 
-    async def kept() -> Message:
-        message = await receive()
-        if message.get("type") == "http.request" and len(body) <= MAX_BODY:
-            body.extend(message.get("body", b""))
+    __slots__ = ("_data", "_receive")
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self._data: bytearray | None = bytearray()
+
+    async def receive(self) -> Message:
+        message = await self._receive()
+        data = self._data
+        if data is not None and message.get("type") == "http.request":
+            data += message.get("body", b"")
+            if len(data) > MAX_BODY:
+                self._data = None
         return message
 
-    return kept, body
+    def __iter__(self) -> _Body:
+        return self
 
+    def __next__(self) -> bytes | None:
+        data, self._data = self._data, None
+        return bytes(data) if data else None
 
-def _once(body: bytearray) -> Iterator[bytes | None]:
-    """The request's body, once, as vLLM adds its request (by then vLLM has read it all)."""
-    yield bytes(body) if 0 < len(body) <= MAX_BODY else None
+    def release(self) -> None:
+        """Let go of the body (the request is over)."""
+        self._data = None
 
 
 async def _respond(send: Send, status: int, body: bytes) -> None:

@@ -8,8 +8,11 @@ speculative metrics, its child index when it is one of ``n > 1`` samples (the ch
 the front end's time to first token. It also carries each request's trace context: the W3C ``traceparent`` the
 server received (vLLM passes it to ``add_request`` and drops it there unless its own tracing is on) or, for
 offline engines, the caller's current OpenTelemetry span; and, when vLLM traces (``--otlp-traces-endpoint``), the
-context of vLLM's own ``llm_request`` span, for specscope's span to link to. Installed once per process, in the
-same process as the stat loggers; it never raises into vLLM. Where vLLM has no such method, it is not installed
+context of vLLM's own ``llm_request`` span, for specscope's span to link to. What it notes of a request as vLLM
+adds it is let go when the request ends, however it ends: finished (the last of its ``n`` samples), aborted
+(``OutputProcessor.abort_requests``) or refused as it was added; chat bodies noted for a capture are bounded in
+bytes too (:data:`specscope.capture.MAX_HELD_BYTES`, oldest out). Installed once per process, in the same process
+as the stat loggers; it never raises into vLLM. Where vLLM has no such method, it is not installed
 and records are joined from the engine's outputs (``specscope.LLM``) or the server's responses (the middleware).
 """
 
@@ -23,21 +26,35 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 from specscope import capture, classes
-from specscope.capture import Payload
+from specscope.capture import LOST, Messages, Payload
 
 log = logging.getLogger("specscope")
 
 #: The attribute set on vLLM's ``FinishedRequestStats``: an :class:`Extras`.
 ATTRIBUTE = "specscope"
-#: What was noted of requests added and not yet finished, by vLLM's external request id (bounded: oldest out):
-#: ``(trace context carrier or None, traffic class or None, chat messages or None)``.
-_ADDED: OrderedDict[str, tuple[dict[str, str] | None, str | None, tuple[tuple[str, str], ...] | bytes | None]] = \
-    OrderedDict()
-_MAX_ADDED = 4096
+
+
+class _Noted(NamedTuple):
+    """What was noted of a request as vLLM added it."""
+
+    carrier: dict[str, str] | None
+    traffic_class: str | None
+    #: Whether the class is the client's own claim (:data:`CLIENT_CLASS`).
+    client_class: bool
+    #: Whether its chat body was noted (in :data:`_BODIES` until let go).
+    body: bool
+
+
+#: What was noted of requests added and not yet ended, by vLLM's external request id (bounded: oldest out).
+_ADDED: OrderedDict[str, _Noted] = OrderedDict()
+_MAX_ADDED = capture.MAX_HELD
+#: The chat bodies noted for a capture, and their size, by the same ids (bounded in bytes too: oldest out).
+_BODIES: OrderedDict[str, tuple[Messages, int]] = OrderedDict()
+_body_bytes = 0
 #: The context of the span vLLM's ``do_tracing`` made on this thread (noted by :func:`_span_processor`'s).
 _local = threading.local()
 #: The GenAI operation (``chat``) of the requests an offline ``LLM`` call in this context runs; records made in
@@ -46,10 +63,13 @@ OPERATION: contextvars.ContextVar[str | None] = contextvars.ContextVar("specscop
 #: The traffic class of the requests added in this context: the middleware's, from the request's headers, or an
 #: offline ``specscope.LLM.generate(..., specscope_class=...)``'s. Unset: the served LoRA adapter's name, if any.
 TRAFFIC_CLASS: contextvars.ContextVar[str | None] = contextvars.ContextVar("specscope_traffic_class", default=None)
+#: Whether :data:`TRAFFIC_CLASS` is the client's own claim (the W3C ``baggage`` member, set by the middleware), not a
+#: label of the operator's: a capture writes such requests only where the operator names the class so.
+CLIENT_CLASS: contextvars.ContextVar[bool] = contextvars.ContextVar("specscope_client_class", default=False)
 #: The chat messages of the requests added in this context, in the order they are added (``specscope.LLM.chat``'s
 #: conversations, a served chat request's), noted only while a capture runs (:mod:`specscope.capture`).
-MESSAGES: contextvars.ContextVar[Iterator[tuple[tuple[str, str], ...] | bytes | None] | None] = contextvars.ContextVar(
-    "specscope_messages", default=None)
+MESSAGES: contextvars.ContextVar[Iterator[Messages | None] | None] = contextvars.ContextVar("specscope_messages",
+                                                                                         default=None)
 
 
 class Extras(NamedTuple):
@@ -145,37 +165,98 @@ def traffic_class(lora_request: Any) -> str | None:
 
 
 def _remember(request_id: Any, kwargs: dict[str, Any]) -> None:
+    global _body_bytes
     try:
         carrier = trace_carrier(kwargs.get("trace_headers"))
         cls = traffic_class(kwargs.get("lora_request"))
+        client = cls is not None and TRAFFIC_CLASS.get() is not None and CLIENT_CLASS.get()
         conversations = MESSAGES.get() if capture.active else None
         messages = next(conversations, None) if conversations is not None else None
         if carrier is None and cls is None and messages is None:
             return
+        rid = str(request_id)
         with _lock:
-            _ADDED[str(request_id)] = (carrier, cls, messages)
+            _let_go(rid)
+            _ADDED[rid] = _Noted(carrier, cls, client, messages is not None)
+            if messages is not None:
+                size = capture.body_size(messages)
+                _BODIES[rid] = (messages, size)
+                _body_bytes += size
             while len(_ADDED) > _MAX_ADDED:
-                _ADDED.popitem(last=False)
+                oldest = next(iter(_ADDED))
+                if _let_go(oldest):
+                    capture.pushed_out += 1
+            while _body_bytes > capture.MAX_HELD_BYTES:  # the oldest body goes: its row, if chosen, is dropped
+                _, (_, size) = _BODIES.popitem(last=False)
+                _body_bytes -= size
     except Exception:
         global failures
         failures += 1
 
 
+def _let_go(request_id: str) -> bool:
+    """Forget what was noted of a request (under :data:`_lock`); whether its chat body was still held."""
+    global _body_bytes
+    _ADDED.pop(request_id, None)
+    body = _BODIES.pop(request_id, None)
+    if body is not None:
+        _body_bytes -= body[1]
+    return body is not None
+
+
+def _ended(request_ids: Iterable[str], processor: Any) -> None:
+    """Let go of what was noted of those of ``request_ids`` (external ids) that vLLM's output ``processor`` no
+    longer holds a request of."""
+    live = processor.external_req_ids
+    with _lock:
+        for rid in request_ids:
+            if rid not in live:
+                _let_go(rid)
+
+
+def _noted(request_id: str, processor: Any) -> tuple[_Noted | None, Messages | capture.Lost | None]:
+    """What was noted of a request that finished, and its chat body (:data:`~specscope.capture.LOST` where it was
+    let go); let go of both once the processor holds none of the request's samples."""
+    with _lock:
+        noted = _ADDED.get(request_id)
+        body = _BODIES.get(request_id)
+        if request_id not in processor.external_req_ids:
+            _let_go(request_id)
+    return noted, (body[0] if body is not None else LOST if noted is not None and noted.body else None)
+
+
 def _wrap_add_request(cls: Any) -> None:
-    """Remember each request's trace context (before vLLM drops it when its tracing is off) and traffic class as
-    it is added."""
+    """Remember each request's trace context (before vLLM drops it when its tracing is off), traffic class and chat
+    body as it is added; forget them where vLLM refuses it."""
     original = cls.add_request
     if inspect.iscoroutinefunction(original):
         @functools.wraps(original)
         async def add_request(self: Any, request_id: Any, *args: Any, **kwargs: Any) -> Any:
             _remember(request_id, kwargs)
-            return await original(self, request_id, *args, **kwargs)
+            try:
+                return await original(self, request_id, *args, **kwargs)
+            except BaseException:
+                _not_added(self, request_id)
+                raise
     else:
         @functools.wraps(original)
         def add_request(self: Any, request_id: Any, *args: Any, **kwargs: Any) -> Any:
             _remember(request_id, kwargs)
-            return original(self, request_id, *args, **kwargs)
+            try:
+                return original(self, request_id, *args, **kwargs)
+            except BaseException:
+                _not_added(self, request_id)
+                raise
     _replace(cls, "add_request", add_request)
+
+
+def _not_added(engine: Any, request_id: Any) -> None:
+    """Let go of what was noted of a request vLLM did not take (unless it holds one by that id)."""
+    try:
+        _ended((str(request_id),), engine.output_processor)
+    except Exception:
+        global failures
+        failures += 1
 
 
 def _span_processor() -> Any:
@@ -251,28 +332,50 @@ def _install() -> bool:
 
     def _update_stats_from_finished(self: Any, req_state: Any, finish_reason: Any, iteration_stats: Any) -> None:
         original(self, req_state, finish_reason, iteration_stats)
-        if iteration_stats is None:
-            return
         try:
+            noted, messages = _noted(req_state.external_req_id, self)
+            if iteration_stats is None:
+                return
             finished = iteration_stats.finished_requests[-1]
             index = req_state.request_index if req_state.parent_req is not None else None
             stats = req_state.stats
-            with _lock:
-                carrier, cls, messages = _ADDED.get(req_state.external_req_id) or (None, None, None)
-                if req_state.parent_req is None:
-                    _ADDED.pop(req_state.external_req_id, None)
             payload = None
             if capture.active and req_state.detokenizer is not None:
                 detok = req_state.detokenizer
                 payload = Payload(req_state.prompt, req_state.prompt_token_ids, detok.output_token_ids,
-                                  getattr(detok, "output_text", None), messages, getattr(self, "tokenizer", None))
+                                  getattr(detok, "output_text", None), messages, getattr(self, "tokenizer", None),
+                                  noted is not None and noted.client_class)
             setattr(finished, ATTRIBUTE, Extras(index, req_state.spec_decode_metrics,
                                                 getattr(stats, "first_token_latency", None) if stats else None,
-                                                carrier, None, cls, payload))
+                                                noted.carrier if noted else None, None,
+                                                noted.traffic_class if noted else None, payload))
         except Exception:  # vLLM moved something: that request's extras are lost, nothing else
             global failures
             failures += 1
 
     _update_stats_from_finished.__wrapped__ = original  # type: ignore[attr-defined]
     _replace(OutputProcessor, "_update_stats_from_finished", _update_stats_from_finished)
+    aborting: Callable[..., Any] | None = getattr(OutputProcessor, "abort_requests", None)
+    if aborting is not None:
+        @functools.wraps(aborting)
+        def abort_requests(self: Any, request_ids: Any, internal: Any) -> Any:
+            request_ids = list(request_ids)
+            try:  # the external ids of those aborted (a parent's n > 1 samples come back here as its children)
+                ended = set(request_ids)
+                for rid in request_ids:
+                    req_state = self.request_states.get(rid)
+                    if req_state is not None:
+                        ended.add(req_state.external_req_id)
+            except Exception:
+                global failures
+                failures += 1
+                ended = set()
+            result = aborting(self, request_ids, internal)
+            try:
+                _ended(ended, self)
+            except Exception:
+                failures += 1
+            return result
+
+        _replace(OutputProcessor, "abort_requests", abort_requests)
     return True

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import gc
 import json
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from specscope.collectors.middleware import SpecscopeMiddleware
 from specscope.hub import Hub, StepStats
@@ -303,3 +308,64 @@ def test_the_snapshot_adds_the_steps_kept_by_the_stat_logger() -> None:
     data = json.loads(body(call(SpecscopeMiddleware(app_sending([], b""), hub=hub, argv=[]), "/specscope/snapshot",
                                 "GET")))
     assert data["lifetime"]["steps"] == 3 and data["lifetime"]["generation_tokens"] == 9
+
+
+def test_baggage_is_the_client_s_claim_and_the_named_header_the_operator_s(monkeypatch: Any) -> None:
+    from specscope.collectors import vllm_hook
+
+    monkeypatch.setenv("SPECSCOPE_CLASS_HEADER", "X-Tenant")
+    seen: list[tuple[str | None, bool]] = []
+    answer = app_sending([completion("c")], b"application/json")
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append((vllm_hook.TRAFFIC_CLASS.get(), vllm_hook.CLIENT_CLASS.get()))
+        await answer(scope, receive, send)
+
+    mw = SpecscopeMiddleware(app, hub=Hub(), argv=[], join=False)
+    call(mw, "/v1/completions", headers=[(b"baggage", b"traffic_class=code")])
+    call(mw, "/v1/completions", headers=[(b"x-tenant", b"code"), (b"baggage", b"traffic_class=other")])
+    call(mw, "/v1/completions", headers=[(b"x-tenant", b"not a class"), (b"baggage", b"traffic_class=other")])
+    call(mw, "/v1/completions")
+    assert seen == [("code", True), ("code", False), (None, False), (None, False)]
+    assert not vllm_hook.CLIENT_CLASS.get()
+
+
+@pytest.mark.parametrize("added", [True, False], ids=["added", "refused before vLLM added it"])
+def test_a_chat_body_is_let_go_once_taken_and_when_its_request_ends(tmp_path: Path, added: bool) -> None:
+    """vLLM starts tasks (its output handler) in the context of the request it is adding: that context must not
+    keep the request's body alive."""
+    from specscope.capture import Capture, CaptureConfig
+    from specscope.collectors import vllm_hook
+
+    hub = Hub()
+    cap = Capture(CaptureConfig(tmp_path, ("code",)), hub)
+    big = b'{"messages": [{"role": "user", "content": "' + b"z" * (1 << 20) + b'"}]}'
+    chunks = [big[i:i + 65536] for i in range(0, len(big), 65536)]
+    kept: list[contextvars.Context] = []
+    taken: list[Any] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        while (await receive()).get("more_body"):
+            pass
+        kept.append(contextvars.copy_context())  # what asyncio.create_task keeps
+        if added:  # the hook, as vLLM adds the request
+            messages = vllm_hook.MESSAGES.get()
+            assert messages is not None
+            taken.extend((next(messages, None), next(messages, None)))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def receive() -> dict[str, Any]:
+        chunk = chunks.pop(0)
+        return {"type": "http.request", "body": chunk, "more_body": bool(chunks)}
+
+    async def send(message: Any) -> None:
+        pass
+
+    scope = {"type": "http", "path": "/v1/chat/completions", "method": "POST", "headers": [], "query_string": b"",
+             "root_path": ""}
+    asyncio.run(SpecscopeMiddleware(app, hub=hub, argv=[], join=False)(scope, receive, send))
+    cap.close()
+    assert taken == ([big, None] if added else [])  # the body once
+    held = kept[0][vllm_hook.MESSAGES]
+    assert sum(len(r) for r in gc.get_referents(held) if isinstance(r, (bytes, bytearray))) == 0
