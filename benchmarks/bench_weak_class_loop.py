@@ -4,8 +4,9 @@
    predicts worst ("hard") from the quarter it predicts best ("easy"); a quarter of the hard ones are held out,
    the rest served.
 2. ``vllm serve`` with the draft, capture on for the weak classes (``SPECSCOPE_CAPTURE_DIR``; classes ``weak``):
-   six rounds of traffic (classes in W3C baggage), each half the easy prompts and a sixth of the served hard ones,
-   so that the engine-wide acceptance stays above the line while the hard class is under it:
+   six rounds of traffic (classes in the operator's header, ``SPECSCOPE_CLASS_HEADER``), each half the easy prompts
+   and a sixth of the served hard ones, so that the engine-wide acceptance stays above the line while the hard class
+   is under it:
    ``SpecscopeWeakDraftForClass`` fires for ``hard``, and the hard requests are captured as training rows.
 3. ``examples/finetune_draft.py``: the draft distilled from the target on the captured rows of class ``hard``
    (plain PyTorch; its defaults).
@@ -43,6 +44,8 @@ TOKENS = 48
 PROMPTS = tiny_models.prompts(800, seed=71)
 #: Rounds of served traffic: each the half of the easy prompts and a sixth of the served hard ones.
 ROUNDS = 6
+#: The operator's class header (``SPECSCOPE_CLASS_HEADER``), which the traffic carries as a gateway would set it.
+CLASS_HEADER = "X-Tenant"
 ENGINE = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "512"]
 
 
@@ -77,12 +80,13 @@ def spec(draft: Path) -> dict[str, Any]:
 
 
 def send(url: str, traffic: list[tuple[str, str]]) -> None:
-    """Each (prompt, class) as a greedy completion, eight at a time, the class in W3C baggage."""
+    """Each (prompt, class) as a greedy completion, eight at a time, the class in the operator's header (a gateway
+    sets it; capture never writes a class a client claims in its baggage unless told so)."""
     model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
 
     def one(item: tuple[str, str]) -> None:
         prompt, cls = item
-        httpx.post(f"{url}/v1/completions", headers={"baggage": f"traffic_class={cls}"}, timeout=600,
+        httpx.post(f"{url}/v1/completions", headers={CLASS_HEADER: cls}, timeout=600,
                    json={"model": model, "prompt": prompt, "max_tokens": TOKENS, "temperature": 0,
                          "ignore_eos": True}).raise_for_status()
 
@@ -122,7 +126,8 @@ def main() -> None:
         root = Path(tmp)
         captured = root / "capture"
         proc, url = serve(models["target"], spec(models["noise10"]), ENGINE, root / "before.log",
-                          {"SPECSCOPE_CAPTURE_DIR": str(captured), "SPECSCOPE_CAPTURE_CLASSES": "weak"})
+                          {"SPECSCOPE_CAPTURE_DIR": str(captured), "SPECSCOPE_CAPTURE_CLASSES": "weak",
+                           "SPECSCOPE_CLASS_HEADER": CLASS_HEADER})
         try:
             for part in range(ROUNDS):
                 send(url, [(p, "easy") for p in easy[part % 2::2]] + [(p, "hard") for p in served[part::ROUNDS]])
@@ -161,7 +166,8 @@ def main() -> None:
                 "speedup": {b: cell["speedup"] for b, cell in c["by_k"]["4"]["batch"].items()}}
                 for c in doc["candidates"]}}
 
-        proc, url = serve(models["target"], spec(new), ENGINE, root / "after.log")
+        proc, url = serve(models["target"], spec(new), ENGINE, root / "after.log",
+                          {"SPECSCOPE_CLASS_HEADER": CLASS_HEADER})
         try:
             send(url, [(p, "easy") for p in easy] + [(p, "hard") for p in held_out])
             time.sleep(1.0)

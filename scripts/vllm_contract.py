@@ -36,6 +36,7 @@ SEARCHED_CLASSES = ("RequestSpecDecodeMetrics",)
 HOOKED = (
     (OUTPUT_PROCESSOR, "OutputProcessor", "_update_stats_from_finished"),
     (OUTPUT_PROCESSOR, "OutputProcessor", "do_tracing"),
+    (OUTPUT_PROCESSOR, "OutputProcessor", "abort_requests"),
     ("vllm/v1/engine/async_llm.py", "AsyncLLM", "add_request"),
     ("vllm/v1/engine/llm_engine.py", "LLMEngine", "add_request"),
 )

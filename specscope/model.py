@@ -570,13 +570,13 @@ class CaptureStatus:
     classes: str
     rows: int = 0
     bytes: int = 0
-    #: Rows removed at the size cap (the oldest part files go first), and rows not written because the writer fell
-    #: behind or the disk refused them.
+    #: Rows removed at the size cap (the oldest part files go first), and rows not written: the writer fell behind,
+    #: the disk refused them, a row could not be made, or what was held for its request was pushed out at its bound.
     dropped_at_cap: int = 0
     dropped_behind: int = 0
     #: The classes ``weak`` selects now.
     weak_now: tuple[str, ...] = ()
-    #: Why capture is off (lossy verification, a full disk), where it is.
+    #: Why capture is off or paused (lossy verification, a full disk), where it is: the kind of failure, never a path.
     stopped: str | None = None
 
 

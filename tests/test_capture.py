@@ -247,6 +247,9 @@ def test_the_serve_plugin_says_a_bad_setting_in_one_line_and_serves_on(tmp_path:
         assert hub.capture is None and hub.snapshot().health.error_count == 1
         lines = [r.getMessage() for r in caplog.records if "capture" in r.getMessage()]
         assert len(lines) == 1 and why in lines[0] and "\n" not in lines[0], lines
+        # What reaches the snapshot (and the share files, top) says what is wrong, never where capture writes.
+        last = hub.snapshot().health.last_error or ""
+        assert why in last and str(tmp_path) not in last, last
         monkeypatch.delenv("SPECSCOPE_CAPTURE_CLASSES", raising=False)
 
 

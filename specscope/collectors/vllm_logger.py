@@ -12,6 +12,7 @@ import os
 import threading
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from vllm.v1.metrics.loggers import AggregateStatLoggerBase
@@ -290,7 +291,11 @@ def _capture_once(hub: Hub, vllm_config: Any) -> None:
         if config is not None:
             start_capture(hub, config, vllm_config)  # the Capture checks its directory
     except CaptureError as exc:  # one line (the health log's), and the server runs without capture
-        hub.health.count_error("capture", exc)
+        # Health reaches the snapshot, the share files and top: it says what is wrong, not where capture writes.
+        text, directory = str(exc), os.environ.get("SPECSCOPE_CAPTURE_DIR", "").strip()
+        for form in {directory, str(Path(directory))} - {"", "."}:
+            text = text.replace(form, "$SPECSCOPE_CAPTURE_DIR")
+        hub.health.count_error("capture", CaptureError(text))
 
 
 def _start_exports_once(hub: Hub) -> None:

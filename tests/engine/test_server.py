@@ -115,7 +115,9 @@ def server(tiny: Any, engines: Any, tmp_path_factory: Any, receiver: HttpReceive
            "SPECSCOPE_OTLP": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "200",
            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "SPECSCOPE_CLASS_HEADER": "X-Tenant",
            # capture of two classes as training data (test_each_request_s_traffic_class_comes_from_its_headers)
-           "SPECSCOPE_CAPTURE_DIR": str(CAPTURED), "SPECSCOPE_CAPTURE_CLASSES": "streamer,chat/support"}
+           "SPECSCOPE_CAPTURE_DIR": str(CAPTURED),
+           # chat/support is the client's claim (baggage): captured only because the operator names it so
+           "SPECSCOPE_CAPTURE_CLASSES": "streamer,baggage:chat/support,code"}
     spec = {"method": "draft_model", "model": DRAFT, "num_speculative_tokens": 4}
     proc = start_server(server_command(TARGET, spec, port, "--api-key", KEY, "--otlp-traces-endpoint",
                                        f"{receiver.endpoint}/v1/traces"), env, root / "server.log")
@@ -360,7 +362,8 @@ def test_each_request_s_traffic_class_comes_from_its_headers(server: tuple[str, 
     unlabelled = next(r for rid, r in recs.items() if sent[rid] is None)
     assert unlabelled["prompt_tokens"] < 256  # its class is its prompt-length bucket, prompt:<256
     # The two captured classes' requests are training rows (SPECSCOPE_CAPTURE_CLASSES), private, the stream's text
-    # and the chat's messages as served; the snapshot counts them and carries none of their text.
+    # and the chat's messages as served; the snapshot counts them and carries none of their text. ``code``, named
+    # plainly, is an operator's label: the client claiming it in baggage is not captured.
     deadline = time.monotonic() + 20
     while len(rows := [json.loads(line) for f in CAPTURED.glob("*.jsonl") for line in f.read_text().splitlines()]) < 2:
         assert time.monotonic() < deadline, rows
@@ -378,6 +381,6 @@ def test_each_request_s_traffic_class_comes_from_its_headers(server: tuple[str, 
     assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in CAPTURED.glob("*.jsonl"))
     assert stat.S_IMODE(CAPTURED.stat().st_mode) == 0o700
     doc = snapshot(url)
-    assert doc["capture"]["rows"] == 2 and doc["capture"]["classes"] == "streamer, chat/support"
+    assert doc["capture"]["rows"] == 2 and doc["capture"]["classes"] == "streamer, baggage:chat/support, code"
     assert streamed_text not in json.dumps(doc)
 
