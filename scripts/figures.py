@@ -19,8 +19,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ("README.md", "docs/export.md", "docs/kv-cache.md", "docs/metrics.md", "docs/runbook.md",
         "docs/speed-anchor.md", "docs/verdict.md")
-#: The fresh-seed truth run the docs quote (``bench_truth_user.py --fresh``), as run.
-FRESH = "truth_fresh_56479.json"
+#: The fresh-seed truth runs the docs quote (``bench_truth_user.py --fresh``), as run: each one's figures are named
+#: ``<prefix>.<figure>``.
+FRESH = {"fresh": "truth_fresh_56479.json", "fresh2": "truth_fresh_282999.json"}
 DASH = "\u2013"  # the docs' range dash
 MARK = re.compile(r"<!-- fig ([\w.-]+) -->([^<]*)<!-- /fig -->")
 
@@ -146,18 +147,23 @@ FIGURES: dict[str, tuple[str, Callable[[Any], str]]] = {
         int(num(d, "summary", "within_10pct_at_moment")), int(num(d, "summary", "cells")))),
     "r5.as_is": ("truth_user_r5.json", lambda d: str(int(num(d, "summary", "within_10pct")))),
     "r5.exact": ("truth_user_r5.json", lambda d: pct(num(d, "summary", "exact_prediction_within_10pct"), 1)),
-    "fresh.seed": (FRESH, lambda d: str(int(num(d, "seed")))),
-    "fresh.commit": (FRESH, lambda d: str(d["commit"])[:7] + (" (dirty)" if d["dirty"] else "")),
-    "fresh.within": (FRESH, lambda d: _of(d, "within_10pct", "cells")),
-    "fresh.inside": (FRESH, lambda d: _of(d, "inside_interval", "with_interval")),
-    "fresh.calls": (FRESH, lambda d: _of(d, "calls_right", "calls")),
-    "fresh.wrong_not_paying": (FRESH, lambda d: str(int(num(d, "summary", "wrong_not_paying")))),
-    "fresh.half": (FRESH, lambda d: _of(d, "half_width_within_15pct", "half_widths")),
-    "fresh.advice": (FRESH, lambda d: _of(d, "advice_within_5pct", "advice_batches")),
-    "fresh.rounds_over_5": (FRESH, lambda d: _of(d, "measured_rounds_over_5pct", "cells")),
-    "fresh.outside_10": (FRESH, lambda d: _misses(d, "within_10pct")),
-    "fresh.outside_interval": (FRESH, lambda d: _misses(d, "inside_interval")),
 }
+FIGURES |= {f"{prefix}.{name}": (file, make) for prefix, file in FRESH.items() for name, make in {
+    "seed": lambda d: str(int(num(d, "seed"))),
+    "commit": lambda d: str(d["commit"])[:7] + (" (dirty)" if d["dirty"] else ""),
+    "pairs": lambda d: ", ".join(d["drawn"]),
+    "within": lambda d: _of(d, "within_10pct", "cells"),
+    "inside": lambda d: _of(d, "inside_interval", "with_interval"),
+    "calls": lambda d: _of(d, "calls_right", "calls"),
+    "wrong_not_paying": lambda d: str(int(num(d, "summary", "wrong_not_paying"))),
+    "half": lambda d: _of(d, "half_width_within_15pct", "half_widths"),
+    "advice": lambda d: _of(d, "advice_within_5pct", "advice_batches"),
+    "rounds_over_5": lambda d: _of(d, "measured_rounds_over_5pct", "cells"),
+    "rounds_over_10": lambda d: _of(d, "measured_rounds_over_10pct", "cells"),
+    "exact": lambda d: pct(num(d, "summary", "exact_prediction_within_10pct")),
+    "outside_10": lambda d: _misses(d, "within_10pct"),
+    "outside_interval": lambda d: _misses(d, "inside_interval"),
+}.items()}
 
 
 def render(name: str, results: Path, cache: dict[str, Any]) -> str:
