@@ -45,7 +45,12 @@ resident memory within 50 MB of its start; every capture line parses; rows count
 process); the three tenants have their rows in every sample; lifetime counts and per-request sums equal vLLM's; no
 specscope traceback in vLLM's log.
 
+**Without specscope** (``--without-specscope``): the same server (no plugin, no middleware, no ``SPECSCOPE_*``
+setting) under the same warm-up and load, no faults, the resident memory of its processes alone
+(``abuse_without_specscope``): how much of a process's growth is vLLM's own.
+
 Run: python benchmarks/bench_abuse.py [--minutes 5] [--requests 3000] [--concurrency 24] [--kill-at end|FRACTION]
+     python benchmarks/bench_abuse.py --without-specscope   (the baseline of the memory goal)
      python benchmarks/bench_abuse.py --smoke   (about a minute and 300 requests: the code paths, numbers not to keep)
 Needs root for the tmpfs (else the disk-full fault is skipped, recorded so). Two cores: nothing else should run.
 Results: benchmarks/results/abuse.json and abuse.md (``--smoke``: smoke_abuse.*; ``--results NAME`` otherwise).
@@ -410,6 +415,8 @@ class Run:
         self.last_share: dict[int, dict[str, Any]] = {}
         self.capture_stopped: dict[int, str] = {}
         self.rows_at_free: int | None = None
+        #: The server without specscope: memory alone (``--without-specscope``).
+        self.bare: bool = args.without_specscope
 
     # ------------------------------------------------------------------ setup and teardown
     def mount(self) -> None:
@@ -436,7 +443,7 @@ class Run:
         cmd = ["timeout", str(life), sys.executable, "-m", "tests.engine.vllm_serve", "--model", str(tiny["target"]),
                "--speculative-config", json.dumps(spec_config(tiny, "noise2")),
                "--per-request-spec-decode-metrics", "detailed",
-               "--middleware", "specscope.collectors.middleware.SpecscopeMiddleware",
+               *(() if self.bare else ("--middleware", "specscope.collectors.middleware.SpecscopeMiddleware")),
                "--host", "127.0.0.1", "--port", str(port), "--api-server-count", "2",
                "--enforce-eager", "--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "32",
                "--disable-uvicorn-access-log"]  # fmt: skip
@@ -445,12 +452,14 @@ class Run:
             str(self.clock_file), "SPECSCOPE_CLASS_HEADER": CLASS_HEADER, "SPECSCOPE_CAPTURE_DIR":
             str(self.capture_dir), "SPECSCOPE_CAPTURE_CLASSES": CAPTURE_CLASSES,
             "SPECSCOPE_CAPTURE_MAX_BYTES": CAPTURE_MAX_BYTES}
+        if self.bare:
+            env = {k: v for k, v in env.items() if not k.startswith("SPECSCOPE_")} | {"VLLM_PLUGINS": ""}
         self.proc = launch(cmd, env, self.log)
         self.tree()
         wait_up(self.proc, cmd, self.log)
         self.url = f"http://127.0.0.1:{port}"
         self.tree()
-        for _ in range(40):
+        for _ in range(0 if self.bare else 40):
             m = re.search(r"share their numbers through (\S+?);", self.log.read_text(errors="replace"))
             if m:
                 self.share = Path(m[1])
@@ -514,7 +523,7 @@ class Run:
 
     def share_status(self) -> dict[int, dict[str, Any]]:
         """Each API-server process's last published snapshot's capture status and clock (from the share directory)."""
-        out = {}
+        out: dict[int, dict[str, Any]] = {}
         if self.share is None or not self.share.is_dir():
             return out
         for f in self.share.glob("*.json"):
@@ -587,7 +596,7 @@ class Run:
         return counters, snaps, match
 
     async def sample(self, traffic: Traffic | None) -> dict[str, Any]:
-        snaps = [await self.snapshot(), await self.snapshot()]
+        snaps = [] if self.bare else [await self.snapshot(), await self.snapshot()]
         row: dict[str, Any] = {"t": self.elapsed(), "sent": traffic.sent if traffic else None,
                                "clock_offset_s": float(self.clock_file.read_text().split()[0]),
                                "disk_free": self.disk_free(), "rss": self.rss(), "snapshots": []}
@@ -682,6 +691,8 @@ class Run:
         self.killed["server_survived"] = self.proc is not None and self.proc.poll() is None
 
     async def faults(self, stop_event: asyncio.Event) -> None:
+        if self.bare:
+            return
         seconds = self.args.minutes * 60
         plan: list[tuple[float, Callable[[], None]]] = [
             (FILL_AT * seconds, self.fill_disk), (STEP_UP_AT * seconds, lambda: self.step_clock(CLOCK_STEP_S)),
@@ -700,7 +711,12 @@ class Run:
 
     # ------------------------------------------------------------------ measurements
     async def measure(self, label: str) -> dict[str, Any]:
-        """The state at a quiet moment: counters settled, memory, capture rows against lines on disk."""
+        """The state at a quiet moment: counters settled, memory, capture rows against lines on disk (without
+        specscope: memory, once the engine is idle)."""
+        if self.bare:
+            await asyncio.sleep(5.0)
+            self.event(f"measured {label}")
+            return {"t": self.elapsed(), "rss": self.rss()}
         counters, snaps, match = await self.settle()
         disk = counts_on_disk(self.capture_dir)
         per_process = self.per_process(self.share_status(), disk["by_pid"])
@@ -774,6 +790,8 @@ def judge(args: argparse.Namespace, run: Run, result: dict[str, Any]) -> dict[st
     goals["memory_flat"] = {"pass": bool(rows) and all(r["pass"] for r in rows),
                             "detail": ", ".join(f"{r['role']} {r['change_mb']:+} MB" if r["change_mb"] is not None
                                                 else f"{r['role']} gone" for r in rows)}
+    if run.bare:
+        return goals
     final = result["capture_final"]
     goals["capture_lines_parse"] = {"pass": final["lines"] > 0 and not final["bad_lines"],
                                     "detail": f"{len(final['bad_lines'])} of {final['lines']} lines in "
@@ -832,7 +850,8 @@ async def main_async(args: argparse.Namespace, run: Run, result: dict[str, Any])
     from specscope import tiny_models
 
     tiny = tiny_models.build()
-    run.mount()
+    if not run.bare:
+        run.mount()
     run.event("capture disk", tmpfs=run.mounted, size=DISK_BYTES if run.mounted else None, error=run.mount_error)
     run.start(tiny)
     run.event("server up", url=run.url, share=str(run.share), processes=sorted(role(p) for p in run.tree().values()))
@@ -844,7 +863,8 @@ async def main_async(args: argparse.Namespace, run: Run, result: dict[str, Any])
     async with httpx.AsyncClient(timeout=httpx.Timeout(180, connect=10)) as client:
         await warm.run(client, 10.0, 60, 120.0, 8, asyncio.Event())
     result["warm_up"] = {k: dict(v) for k, v in warm.outcomes.items()}
-    result["probe_start"] = await run.probe("start", model, args.seed + 1)
+    if not run.bare:
+        result["probe_start"] = await run.probe("start", model, args.seed + 1)
     result["start"] = await run.measure("start")
 
     traffic = Traffic(run.url, model, args.seed)
@@ -870,8 +890,9 @@ async def main_async(args: argparse.Namespace, run: Run, result: dict[str, Any])
                               "capture_per_process": run.killed.get("capture_per_process_before")}
     if server_up and run.proc is not None and run.proc.poll() is None:
         result["end"] = await run.measure("end")
-        result["probe_end"] = await run.probe("end", model, args.seed + 2)
-    if run.args.kill_at == "end" and run.proc is not None and run.proc.poll() is None:
+        if not run.bare:
+            result["probe_end"] = await run.probe("end", model, args.seed + 2)
+    if run.args.kill_at == "end" and not run.bare and run.proc is not None and run.proc.poll() is None:
         tail = Traffic(run.url, model, args.seed + 3, tag="tail-")
         tail_stop = asyncio.Event()
         async with httpx.AsyncClient(timeout=httpx.Timeout(60, connect=5), limits=limits) as client:
@@ -894,18 +915,22 @@ def main() -> None:
     ap.add_argument("--kill-at", default="end", help="'end' (after the end measurements) or a share of the run")
     ap.add_argument("--seed", type=int, default=48)
     ap.add_argument("--smoke", action="store_true", help="about a minute, 300 requests: numbers not to keep")
+    ap.add_argument("--without-specscope", action="store_true",
+                    help="the same server and load without specscope: memory alone (abuse_without_specscope)")
     ap.add_argument("--results", default=None)
     args = ap.parse_args()
     if args.smoke:
         args.minutes, args.requests, args.sample_s = 1.0, 300, 5.0
     if args.kill_at != "end" and not 0 < float(args.kill_at) < 1:
         ap.error("--kill-at: 'end' or a share of the run between 0 and 1")
-    name = args.results or ("smoke_abuse" if args.smoke else "abuse")
+    name = args.results or ("smoke_abuse" if args.smoke else "abuse") + ("_without_specscope" if
+                                                                          args.without_specscope else "")
     root = Path(tempfile.mkdtemp(prefix="bench-abuse-"))
     run = Run(args, root)
     result: dict[str, Any] = {"config": {
         "minutes": args.minutes, "requests": args.requests, "concurrency": args.concurrency, "kill_at": args.kill_at,
-        "smoke": args.smoke, "model": "tiny target + noise2 draft, K=4, --api-server-count 2, --max-num-seqs 32",
+        "smoke": args.smoke, "without_specscope": args.without_specscope,
+        "model": "tiny target + noise2 draft, K=4, --api-server-count 2, --max-num-seqs 32",
         "capture": {"classes": CAPTURE_CLASSES, "disk_bytes": DISK_BYTES, "max_bytes": CAPTURE_MAX_BYTES},
         "tenants": TENANTS, "invented_per_minute": INVENTED_PER_MINUTE,
         "faults_at": {"fill": FILL_AT, "clock_up": STEP_UP_AT, "clock_down": STEP_DOWN_AT, "disk_freed": FREE_AT},
