@@ -21,7 +21,7 @@ DOCS = ("README.md", "docs/export.md", "docs/kv-cache.md", "docs/metrics.md", "d
         "docs/speed-anchor.md", "docs/verdict.md")
 #: The fresh-seed truth runs the docs quote (``bench_truth_user.py --fresh``), as run: each one's figures are named
 #: ``<prefix>.<figure>``.
-FRESH = {"fresh": "truth_fresh_56479.json", "fresh2": "truth_fresh_282999.json"}
+FRESH = {"fresh": "truth_fresh_56479.json", "fresh2": "truth_fresh_282999.json", "fresh3": "truth_fresh_333557.json"}
 DASH = "\u2013"  # the docs' range dash
 MARK = re.compile(r"<!-- fig ([\w.-]+) -->([^<]*)<!-- /fig -->")
 
