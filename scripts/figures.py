@@ -153,6 +153,7 @@ FIGURES |= {f"{prefix}.{name}": (file, make) for prefix, file in FRESH.items() f
     "commit": lambda d: str(d["commit"])[:7] + (" (dirty)" if d["dirty"] else ""),
     "pairs": lambda d: ", ".join(d["drawn"]),
     "within": lambda d: _of(d, "within_10pct", "cells"),
+    "unanchored": lambda d: _of(d, "within_10pct_unanchored", "cells"),
     "inside": lambda d: _of(d, "inside_interval", "with_interval"),
     "calls": lambda d: _of(d, "calls_right", "calls"),
     "wrong_not_paying": lambda d: str(int(num(d, "summary", "wrong_not_paying"))),
