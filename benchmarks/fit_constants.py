@@ -52,6 +52,8 @@ class Constant:
     grid: tuple[float, ...]
     #: Whether only cells at a K other than the running one depend on it.
     other_k_only: bool = False
+    #: The module's attribute holding its range, set to 0 to twice the point along with it (None: no range).
+    range_attribute: str | None = None
 
     @property
     def committed(self) -> float:
@@ -59,13 +61,14 @@ class Constant:
 
     def set(self, value: float) -> None:
         setattr(self.module, self.attribute, value)
-        if self.attribute == "DRAFT_FIXED":  # its range is 0 to twice the point
-            uncertainty.DRAFT_FIXED_RANGE = (0.0, 2 * value)
+        if self.range_attribute is not None:
+            setattr(self.module, self.range_attribute, (0.0, 2 * value))
 
 
 CONSTANTS = (
     Constant("uncertainty.DRAFT_FIXED (range 0 to twice it)", uncertainty, "DRAFT_FIXED",
-             (0.0, 0.025, 0.05, 0.075, 0.1, 0.125, 0.15, 0.2, 0.25), other_k_only=True),
+             (0.0, 0.025, 0.05, 0.075, 0.1, 0.125, 0.15, 0.2, 0.25), other_k_only=True,
+             range_attribute="DRAFT_FIXED_RANGE"),
     Constant("cost.MIN_FORWARD_SHARE", cost, "MIN_FORWARD_SHARE", (0.0, 0.1, 0.2, 0.25, 1 / 3, 0.4, 0.5, 0.6, 1.01)),
     Constant("cost.MAX_ANCHOR_CONTEXT_MOVE", cost, "MAX_ANCHOR_CONTEXT_MOVE",
              (0.0, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, math.inf)),
