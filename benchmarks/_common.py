@@ -91,11 +91,11 @@ def serve(target: Path, spec: dict[str, Any] | None, engine: list[str], log: Pat
     """A ``vllm serve`` of ``target`` with specscope's plugin and middleware (the suite's launcher), once /health
     answers: the process and its URL. With ``spec``, per-request acceptance too (vLLM refuses it without)."""
     from tests.conftest import free_port
-    from tests.engine.test_server import start_server
+    from tests.e2e.test_server import start_server
 
     port = free_port()
-    cmd = ["timeout", "1800", sys.executable, "-m", "tests.engine.vllm_serve", "--model", str(target),
-           "--middleware", "specscope.collectors.middleware.SpecscopeMiddleware", "--host", "127.0.0.1",
+    cmd = ["timeout", "1800", sys.executable, "-m", "tests.e2e.vllm_serve", "--model", str(target),
+           "--middleware", "specscope.engine.middleware.SpecscopeMiddleware", "--host", "127.0.0.1",
            "--port", str(port), *engine,
            *(["--speculative-config", json.dumps(spec), "--per-request-spec-decode-metrics", "summary"]
              if spec else [])]

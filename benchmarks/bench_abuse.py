@@ -83,13 +83,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks._common import RESULTS, ROOT, write
 from tests.conftest import free_port, spec_config
-from tests.engine.test_server import launch, stop, wait_up
+from tests.e2e.test_server import launch, stop, wait_up
 
 TENANTS = ("tenant-a", "tenant-b", "tenant-c")
 CLASS_HEADER = "X-Tenant"
 CAPTURE_CLASSES = "tenant-a,weak"
 INVENTED_PER_MINUTE = 50
-#: The middleware keeps a chat body for the capture up to this (specscope.collectors.middleware.MAX_BODY).
+#: The middleware keeps a chat body for the capture up to this (specscope.engine.middleware.MAX_BODY).
 BIG_BODY = 4 << 20
 BIG_DELTA = 64 << 10
 #: The capture disk (a tmpfs) and the cap specscope is given, larger: the disk fills first.
@@ -317,7 +317,7 @@ def role(p: psutil.Process) -> str:
     if m:
         return f"api-server-{m[1]}"
     for key, label in (("EngineCore", "engine-core"), ("Worker", "worker"), ("DPCoordinator", "dp-coordinator"),
-                       ("tests.engine.vllm_serve", "vllm-serve"), ("resource_tracker", "resource-tracker")):
+                       ("tests.e2e.vllm_serve", "vllm-serve"), ("resource_tracker", "resource-tracker")):
         if key in cmd:
             return label
     return name
@@ -440,10 +440,10 @@ class Run:
         self.clock_file.write_text("0\n")
         port = free_port()
         life = int(self.args.minutes * 60 * 3 + 900)
-        cmd = ["timeout", str(life), sys.executable, "-m", "tests.engine.vllm_serve", "--model", str(tiny["target"]),
+        cmd = ["timeout", str(life), sys.executable, "-m", "tests.e2e.vllm_serve", "--model", str(tiny["target"]),
                "--speculative-config", json.dumps(spec_config(tiny, "noise2")),
                "--per-request-spec-decode-metrics", "detailed",
-               *(() if self.bare else ("--middleware", "specscope.collectors.middleware.SpecscopeMiddleware")),
+               *(() if self.bare else ("--middleware", "specscope.engine.middleware.SpecscopeMiddleware")),
                "--host", "127.0.0.1", "--port", str(port), "--api-server-count", "2",
                "--enforce-eager", "--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "32",
                "--disable-uvicorn-access-log"]  # fmt: skip

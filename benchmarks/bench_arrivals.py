@@ -36,10 +36,11 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 import httpx
 
 from benchmarks._common import serve, write
-from specscope import codec, tiny_models
+from specscope import tiny_models
+from specscope.core import codec
 from specscope.verdict import k_schedule, recommended_config, schedule_text, traffic_speedup
 from specscope.verdict.traffic import best_single_k, flapping
-from tests.engine.test_server import stop
+from tests.e2e.test_server import stop
 
 TOKENS = 64
 PROMPTS = tiny_models.prompts(256, seed=61)

@@ -1,7 +1,8 @@
-"""The cost of capturing traffic as training data (specscope.capture), per captured request.
+"""The cost of capturing traffic as training data (specscope.engine.capture), per captured request.
 
 On vLLM's path (the output processor's hook and the stat logger's flush) capture adds, per finished request, one
-:class:`~specscope.capture.Payload` of references and one :meth:`~specscope.capture.Capture.hold` (a dict insert).
+:class:`~specscope.engine.capture.Payload` of references and one :meth:`~specscope.engine.capture.Capture.hold` (a dict
+insert).
 Measured against what specscope already pays per finished request there (the hub's ``record`` of its part), and as
 a share of the tiny target's decode step at batch 8 (benchmarks/results/record.json, the cheapest step specscope is
 tested on). Off vLLM's path, the writer's thread: choosing, building the row (a 200-token prompt, a 64-token
@@ -21,8 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import RESULTS, paired_ns, write
-from specscope.capture import Capture, CaptureConfig, Payload
-from specscope.hub import Hub
+from specscope.engine.capture import Capture, CaptureConfig, Payload
+from specscope.state.hub import Hub
 
 
 def main() -> None:

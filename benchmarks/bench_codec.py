@@ -41,9 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import msgspec
 
 from benchmarks._common import paired_ns, write
-from specscope import codec, model
-from specscope.hub import Hub, StepStats
-from specscope.model import (
+from specscope.core import codec, model
+from specscope.core.model import (
     OUTPUT_POSITION_BOUNDS,
     AllocatorStats,
     CostRatio,
@@ -62,10 +61,11 @@ from specscope.model import (
     StepTime,
     TokenizerStatus,
 )
+from specscope.state.hub import Hub, StepStats
 from specscope.verdict.speedup import estimate
 
 CODEC_PY = Path(codec.__file__)
-#: The codec (specscope/codec.py): what builds the JSON document and what reads it back.
+#: The codec (specscope/core/codec.py): what builds the JSON document and what reads it back.
 DECODE_PARTS = ("from_dict", "_from_dict", "_hints", "_value")
 ENCODE_PARTS = ("WIRE_VERSION", "to_dict", "_DERIVED", "_names", "_record_dict", "_to_dict", "encode", "_PLACE")
 

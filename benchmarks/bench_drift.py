@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from benchmarks._common import write
-from specscope import intervals, tiny_models
+from specscope import tiny_models
+from specscope.core import intervals
 
 ENGINE: dict[str, Any] = {"enforce_eager": True, "dtype": "float32", "max_model_len": 1024, "seed": 0,
                           "enable_prefix_caching": False, "max_num_seqs": 16}

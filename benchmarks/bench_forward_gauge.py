@@ -67,8 +67,8 @@ def time_forwards() -> None:
 
 def window(llm: Any, b: int, per_request: int, prompts: list[str], lengths: list[int], order: Any) -> dict[str, Any]:
     """One window of ``llm`` at batch ``b``: its mean decode step and forward, and its forwards' line."""
-    from specscope import intervals
-    from specscope.measure import steady_throughput
+    from specscope.core import intervals
+    from specscope.engine.measure import steady_throughput
 
     before, start = llm.snapshot().lifetime.step_times, len(FORWARDS)
     steady_throughput(llm, b, WINDOW_S, prompts, lengths, order=order, settle=True, min_finished=b)
@@ -117,9 +117,9 @@ def main() -> None:
     time_forwards()
     import specscope
     from specscope import tiny_models
-    from specscope.evaluate.workload import output_lengths
-    from specscope.hub import Hub
-    from specscope.measure import PromptOrder
+    from specscope.engine.measure import PromptOrder
+    from specscope.read.evaluate.workload import output_lengths
+    from specscope.state.hub import Hub
 
     models = tiny_models.build()
     plain = specscope.LLM(str(models["deep01-target"]), specscope_hub=Hub(window_s=600), **ENGINE)

@@ -1,5 +1,5 @@
 """The forward timer's cost per engine step: a runner's ``_model_forward`` wrapped by
-:mod:`specscope.collectors.forward_timer` against the same method unwrapped (the call's own cost, nothing in it),
+:mod:`specscope.engine.forward_timer` against the same method unwrapped (the call's own cost, nothing in it),
 and as a share of the smallest decode step specscope is tested on (the tiny target's at batch 8, 1.67 ms in
 ``record.json``: its worst case; the stat logger's own record() is 0.16% of it). The wrapped runner publishes its
 sums as in an engine (a daemon thread, four times a second).
@@ -40,7 +40,7 @@ def runner_class() -> type:
 
 
 def main() -> None:
-    from specscope.collectors import forward_timer
+    from specscope.engine import forward_timer
 
     positions = SimpleNamespace(shape=(40,))
     plain_cls, timed_cls = runner_class(), runner_class()

@@ -23,11 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from textual.widgets import DataTable
 
 from benchmarks._common import write
-from specscope.collectors.scrape import HubSource
-from specscope.fleet import Target
-from specscope.tui import view
-from specscope.tui.app import TopApp
-from tests.tui.helpers import Clock, busy_hub, feed
+from specscope.read.fleet import Target
+from specscope.read.scrape import HubSource
+from specscope.read.tui import view
+from specscope.read.tui.app import TopApp
+from tests.read.tui.helpers import Clock, busy_hub, feed
 
 FRAMES = 100
 

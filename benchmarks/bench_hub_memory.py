@@ -18,8 +18,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import write
-from specscope.hub import Hub, StepStats
-from specscope.model import EngineInfo
+from specscope.core.model import EngineInfo
+from specscope.state.hub import Hub, StepStats
 
 
 def main() -> None:

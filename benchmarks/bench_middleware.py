@@ -41,11 +41,11 @@ from urllib.parse import parse_qs
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import write
-from specscope import codec
-from specscope.collectors import vllm_reader
-from specscope.collectors.middleware import SpecscopeMiddleware
-from specscope.hub import Hub, StepStats
-from specscope.model import EngineInfo
+from specscope.core import codec
+from specscope.core.model import EngineInfo
+from specscope.engine import vllm_reader
+from specscope.engine.middleware import SpecscopeMiddleware
+from specscope.state.hub import Hub, StepStats
 
 RECORDS = 1000
 ROUNDS = 8

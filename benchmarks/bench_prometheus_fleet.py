@@ -42,7 +42,7 @@ from benchmarks._common import write  # noqa: E402
 def serve(replicas: int) -> None:
     """In a child process: serve the fixture on ``replicas`` ports, print their addresses (one JSON line), and
     serve until stdin closes."""
-    from tests.collectors.test_prometheus_source import FIXTURE, Exporter
+    from tests.read.test_prometheus_source import FIXTURE, Exporter
 
     exporters = [Exporter(FIXTURE) for _ in range(replicas)]
     print(json.dumps([e.target for e in exporters]), flush=True)
@@ -80,10 +80,10 @@ def main() -> int:
         serve(args.serve)
         return 0
 
-    from specscope.collectors.prometheus_source import PrometheusFleet
-    from specscope.collectors.scrape import vllm_source
-    from specscope.fleet import Target
-    from specscope.tui.app import TopApp
+    from specscope.read.fleet import Target
+    from specscope.read.prometheus_source import PrometheusFleet
+    from specscope.read.scrape import vllm_source
+    from specscope.read.tui.app import TopApp
     from tests.conftest import start_prometheus
 
     load = round(os.getloadavg()[0], 2)

@@ -34,9 +34,9 @@ def main() -> None:
     from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
     from specscope import Hub, tiny_models
-    from specscope.collectors import vllm_logger
-    from specscope.collectors.vllm_hook import ATTRIBUTE
-    from specscope.collectors.vllm_logger import SpecscopeStatLogger
+    from specscope.engine import vllm_logger
+    from specscope.engine.vllm_hook import ATTRIBUTE
+    from specscope.engine.vllm_logger import SpecscopeStatLogger
 
     models = tiny_models.build()
     config = EngineArgs(

@@ -16,9 +16,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import write
-from specscope.fleet import Target
-from specscope.tui.record import Player, Recorder, ReplaySource
-from tests.tui.helpers import Clock, busy_hub, feed
+from specscope.read.fleet import Target
+from specscope.read.tui.record import Player, Recorder, ReplaySource
+from tests.read.tui.helpers import Clock, busy_hub, feed
 
 SNAPSHOTS = 20_000
 

@@ -33,7 +33,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from benchmarks._common import write
 from specscope import tiny_models
-from specscope.measure import steady_throughput
+from specscope.engine.measure import steady_throughput
 
 M = 6
 K_AT = {1: 4, 8: 2}  # the K each batch size runs: D's ranges

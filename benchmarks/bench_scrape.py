@@ -18,10 +18,10 @@ import httpx
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 
 from benchmarks._common import per_call_ns, write
-from specscope.endpoint import Endpoint
-from specscope.hub import Hub, StepStats
-from specscope.model import EngineInfo
-from specscope.prometheus_export import SnapshotCollector
+from specscope.core.model import EngineInfo
+from specscope.export.endpoint import Endpoint
+from specscope.export.prometheus_export import SnapshotCollector
+from specscope.state.hub import Hub, StepStats
 
 
 def main() -> None:

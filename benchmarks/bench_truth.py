@@ -54,7 +54,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from benchmarks._common import RESULTS, write
 from specscope import tiny_models
-from specscope.measure import measure_step_times, steady_throughput
+from specscope.engine.measure import measure_step_times, steady_throughput
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ WINDOW_S = 5.0
 
 
 def steady(llm: Any, batch: int, prompts: list[str]) -> float:
-    """Output tokens/s with the batch held full for :data:`WINDOW_S` (``specscope.measure.steady_throughput``):
+    """Output tokens/s with the batch held full for :data:`WINDOW_S` (``specscope.engine.measure.steady_throughput``):
     every engine, run and round of a pair takes its prompts in the same order."""
     return steady_throughput(llm, batch, WINDOW_S, prompts, TOKENS)
 
@@ -142,7 +142,7 @@ def run_k(plain: Any, spec: Any, rounds: int, prompts: list[str]) -> tuple[
     times, tokens per step, prefill) for the record.
     """
     import specscope
-    from specscope.model import StepProfile
+    from specscope.core.model import StepProfile
     from specscope.verdict import estimate
 
     # Windows as long as the whole measurement: the model-on-measured-runs check pools every round on both sides.

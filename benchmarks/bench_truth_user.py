@@ -84,9 +84,10 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from benchmarks import fresh
 from benchmarks._common import RESULTS, provenance, write
-from specscope import codec, intervals, tiny_models
-from specscope.evaluate.workload import output_lengths
-from specscope.measure import PromptOrder, measure_step_times, serve_until_row, steady_throughput
+from specscope import tiny_models
+from specscope.core import codec, intervals
+from specscope.engine.measure import PromptOrder, measure_step_times, serve_until_row, steady_throughput
+from specscope.read.evaluate.workload import output_lengths
 from specscope.tiny_models.models import llama_config
 from specscope.verdict.baseline import MAX_ROUNDS
 
@@ -167,7 +168,7 @@ def draft_config(draft: Path, k: int) -> dict[str, Any]:
 
 def engine(target: Path, length: int, speculative: dict[str, Any] | None = None, **kw: Any) -> Any:
     import specscope
-    from specscope.hub import Hub
+    from specscope.state.hub import Hub
 
     spec: dict[str, Any] = {} if speculative is None else {"speculative_config": speculative}
     # Prefix caching off, as in bench_truth and `specscope evaluate`: the plain engine serves sample B beside every
@@ -289,7 +290,7 @@ def _verdict_plain(snap: Any, batches: Sequence[int] = BATCHES) -> dict[str, Any
     anchored to the predicting run's where it could be, ``anchored``) and the target's forward in ms at the tokens
     it ran, in the predicting run and in the baseline (``forward``), and the baseline's fit of its forwards
     (``forward_fit_ms``: ms, ms a request, ms a token)."""
-    from specscope.counts import fit_forward
+    from specscope.core.counts import fit_forward
     from specscope.verdict.cost import plain_step
 
     if snap.baseline is None:

@@ -36,8 +36,9 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 import httpx
 
 from benchmarks._common import serve, write
-from specscope import codec, tiny_models
-from tests.engine.test_server import stop
+from specscope import tiny_models
+from specscope.core import codec
+from tests.e2e.test_server import stop
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENS = 48
@@ -55,8 +56,8 @@ def split(models: dict[str, Path]) -> tuple[list[str], list[str]]:
     from vllm import SamplingParams
 
     import specscope
-    from specscope.collectors import vllm_reader
-    from specscope.measure import stop_engine
+    from specscope.engine import vllm_reader
+    from specscope.engine.measure import stop_engine
 
     llm = specscope.LLM(str(models["target"]), specscope_hub=specscope.Hub(), enforce_eager=True,
                         dtype="float32", max_model_len=512, seed=0,
@@ -97,8 +98,8 @@ def send(url: str, traffic: list[tuple[str, str]]) -> None:
 def alerts(url: str) -> dict[str, Any]:
     """The server's snapshot read as ``specscope top`` reads it, and the rules over it: which fire, and each class's
     window acceptance."""
-    from specscope.alerts.evaluate import Evaluator
-    from specscope.alerts.rules import Thresholds
+    from specscope.export.alerts.evaluate import Evaluator
+    from specscope.export.alerts.rules import Thresholds
 
     snap = codec.from_dict(httpx.get(f"{url}/specscope/snapshot", timeout=30).json())
     evaluator = Evaluator(on_error=lambda *_: None, thresholds=Thresholds(weak_draft_for_s=0))

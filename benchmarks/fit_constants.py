@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import RESULTS, write
 from benchmarks.bench_truth_user import BATCHES, RUNNING_K, judge
-from specscope import codec
+from specscope.core import codec
 from specscope.verdict import cost, estimate, uncertainty
 
 

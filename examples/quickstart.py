@@ -17,9 +17,9 @@ def run(target: str, draft: str, prompts: list[str], k: int) -> None:
     from vllm import SamplingParams
 
     import specscope
-    from specscope.alerts.evaluate import Evaluator
-    from specscope.alerts.rules import Thresholds
-    from specscope.summary import request_table, summary
+    from specscope.export.alerts.evaluate import Evaluator
+    from specscope.export.alerts.rules import Thresholds
+    from specscope.export.summary import request_table, summary
 
     llm = specscope.LLM(
         target,

@@ -7,8 +7,8 @@ Run by hand (not in CI) for each vLLM release specscope supports, and commit the
 
 ``SRC`` is a vLLM source tree or an unpacked wheel (the directory holding the ``vllm/`` package). The contract
 lists the stats classes' fields (dataclass fields, ``__init__`` attributes, properties), the signatures of the
-methods ``specscope.collectors.vllm_hook`` wraps, and the stat-logger base classes' methods; the JSON has sorted
-keys, lists keep vLLM's order. ``tests/collectors/test_vllm_contract.py`` checks specscope's reads against it.
+methods ``specscope.engine.vllm_hook`` wraps, and the stat-logger base classes' methods; the JSON has sorted
+keys, lists keep vLLM's order. ``tests/engine/test_vllm_contract.py`` checks specscope's reads against it.
 The version comes from ``vllm/_version.py`` or ``vllm/version.py``, else ``--version``. Bad input: one line on
 stderr, exit status 2.
 """
@@ -32,7 +32,7 @@ DATACLASS_FILES = (STATS, SPEC)
 NAMED_CLASSES = {STATS: ("IterationStats",), OUTPUT_PROCESSOR: ("RequestState",)}
 #: Found wherever it is defined under ``vllm/``.
 SEARCHED_CLASSES = ("RequestSpecDecodeMetrics",)
-#: The methods ``specscope/collectors/vllm_hook.py`` wraps: (file, class, method).
+#: The methods ``specscope/engine/vllm_hook.py`` wraps: (file, class, method).
 HOOKED = (
     (OUTPUT_PROCESSOR, "OutputProcessor", "_update_stats_from_finished"),
     (OUTPUT_PROCESSOR, "OutputProcessor", "do_tracing"),
@@ -40,7 +40,7 @@ HOOKED = (
     ("vllm/v1/engine/async_llm.py", "AsyncLLM", "add_request"),
     ("vllm/v1/engine/llm_engine.py", "LLMEngine", "add_request"),
 )
-#: The stat-logger interface ``specscope/collectors/vllm_logger.py`` implements.
+#: The stat-logger interface ``specscope/engine/vllm_logger.py`` implements.
 STAT_LOGGER_CLASSES = ("StatLoggerBase", "AggregateStatLoggerBase")
 VERSION_FILES = ("vllm/_version.py", "vllm/version.py")
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from specscope._version import __version__
-from specscope.alerts import start as start_alerts
-from specscope.exports import start as start_exports
-from specscope.hub import Hub, default_hub
-from specscope.model import Snapshot
+from specscope.core.model import Snapshot
+from specscope.export.alerts import start as start_alerts
+from specscope.export.exports import start as start_exports
+from specscope.state.hub import Hub, default_hub
 
 __all__ = [
     "LLM",
@@ -30,13 +30,13 @@ __all__ = [
 _LAZY = {"LLM", "AsyncLLM", "instrument", "uninstrument"}
 
 if TYPE_CHECKING:
-    from specscope.collectors.vllm_engine import instrument, uninstrument
-    from specscope.wrapper import LLM, AsyncLLM
+    from specscope.engine.vllm_engine import instrument, uninstrument
+    from specscope.engine.wrapper import LLM, AsyncLLM
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        from specscope import wrapper  # LLM and AsyncLLM; instrument and uninstrument from collectors.vllm_engine
+        from specscope.engine import wrapper  # LLM and AsyncLLM; instrument and uninstrument from engine.vllm_engine
 
         return getattr(wrapper, name)
     raise AttributeError(f"module 'specscope' has no attribute {name!r}")

@@ -38,10 +38,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _check_export(args: argparse.Namespace) -> int:
-    from specscope import exports
-    from specscope.endpoint import Endpoint, EndpointError
-    from specscope.hub import Hub
-    from specscope.otel_export import OtelConfigError, resolve_config
+    from specscope.export import exports
+    from specscope.export.endpoint import Endpoint, EndpointError
+    from specscope.export.otel_export import OtelConfigError, resolve_config
+    from specscope.state.hub import Hub
 
     try:
         port, host, otlp = exports.settings_from_env(dict(os.environ))
@@ -72,21 +72,21 @@ def _check_export(args: argparse.Namespace) -> int:
 
 
 def _dashboard(args: argparse.Namespace) -> int:
-    from specscope.dashboards import render
+    from specscope.export.dashboards import render
 
     sys.stdout.write(render())
     return 0
 
 
 def _metrics(args: argparse.Namespace) -> int:
-    from specscope.catalogue import markdown_table
+    from specscope.export.catalogue import markdown_table
 
     sys.stdout.write(markdown_table())
     return 0
 
 
 def _check_tokenizers(args: argparse.Namespace) -> int:
-    from specscope.tokenizer_check import TokenizerCheckError, compare, render
+    from specscope.core.tokenizer_check import TokenizerCheckError, compare, render
 
     try:
         report = compare(args.target, args.draft)
@@ -109,7 +109,7 @@ def _pairs(items: list[str] | None, flag: str) -> list[tuple[str, str]]:
 
 
 def _thresholds(args: argparse.Namespace) -> Any:
-    from specscope.alerts.rules import Thresholds, load_thresholds
+    from specscope.export.alerts.rules import Thresholds, load_thresholds
 
     t = load_thresholds(args.thresholds) if args.thresholds else Thresholds()
     pairs = {}
@@ -122,8 +122,8 @@ def _thresholds(args: argparse.Namespace) -> Any:
 
 
 def _rules(args: argparse.Namespace) -> int:
-    from specscope.alerts.prometheus_rules import render
-    from specscope.alerts.rules import RuleConfigError
+    from specscope.export.alerts.prometheus_rules import render
+    from specscope.export.alerts.rules import RuleConfigError
 
     try:
         thresholds = _thresholds(args)
@@ -167,9 +167,9 @@ def _calibrate(args: argparse.Namespace) -> int:
         return 2
     from dataclasses import replace
 
-    from specscope.evaluate.workload import InputError, load_prompts, prepare
-    from specscope.measure import measure_step_times, stop_engine
-    from specscope.wrapper import LLM
+    from specscope.engine.measure import measure_step_times, stop_engine
+    from specscope.engine.wrapper import LLM
+    from specscope.read.evaluate.workload import InputError, load_prompts, prepare
 
     try:
         # Every prompt is calibrated with --tokens output tokens (its own max_tokens, or a drawn one, is not run).
@@ -215,20 +215,20 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from specscope.report import ReportError, SourceDown, load, render
+    from specscope.read.report import ReportError, SourceDown, load, render
     from specscope.verdict import load_profile
 
     if args.duration < 0 or args.interval <= 0 or args.window <= 0:
         print("specscope: error: --duration must be 0 or more, --interval and --window positive", file=sys.stderr)
         return 2
-    from specscope.figures import matplotlib_missing
+    from specscope.read.figures import matplotlib_missing
 
     if missing := matplotlib_missing():
         print(f"specscope: error: {missing}", file=sys.stderr)
         return 2
     try:
         baseline = load_profile(args.baseline) if args.baseline else None
-        from specscope.tui import key_headers
+        from specscope.read.tui import key_headers
 
         headers: dict[str, str] = {}
         if args.source.startswith(("http://", "https://")):
@@ -258,7 +258,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from specscope import evaluate
+    from specscope.read import evaluate
 
     try:
         engine = _engine_args(args.engine_arg)
@@ -269,7 +269,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _top(args: argparse.Namespace) -> int:
-    from specscope import tui
+    from specscope.read import tui
 
     return tui.main(args)
 
@@ -346,13 +346,13 @@ def build_parser() -> argparse.ArgumentParser:
         "K per batch size as vLLM's num_speculative_tokens_per_batch_size schedule, and that schedule measured.",
         epilog="exit status: 0 measured, 2 bad input, 1 the target without speculation stopped, 130 interrupted "
         "(these two write what was measured, marked partial).")
-    from specscope.evaluate import add_arguments as add_evaluate_arguments
+    from specscope.read.evaluate import add_arguments as add_evaluate_arguments
 
     add_evaluate_arguments(ev)
     ev.set_defaults(func=_evaluate)
     top = sub.add_parser("top", help="the terminal dashboard", description="The terminal dashboard over specscope "
                          "endpoints, vLLM or SGLang servers (a fleet when several are named), or a recording.")
-    from specscope.tui import add_arguments
+    from specscope.read.tui import add_arguments
 
     add_arguments(top)
     top.set_defaults(func=_top)
@@ -369,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--window", type=float, default=30.0, help="window of the acceptance curve (default 30 s)")
     rep.add_argument("--baseline", metavar="FILE", help="step times without speculation (specscope calibrate)")
     rep.add_argument("--figures", metavar="DIR", help="also write each plot as a PNG into DIR")
-    from specscope.tui import add_key_arguments
+    from specscope.read.tui import add_key_arguments
 
     add_key_arguments(rep, "the source")
     rep.set_defaults(func=_report)

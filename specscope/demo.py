@@ -33,13 +33,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from specscope.alerts.rules import Thresholds
-from specscope.collectors.scrape import HubSource
-from specscope.evaluate.workload import output_lengths
-from specscope.fleet import Target
-from specscope.hub import Hub
-from specscope.measure import PromptOrder
-from specscope.model import EngineInfo, StepProfile
+from specscope.core.model import EngineInfo, StepProfile
+from specscope.engine.measure import PromptOrder
+from specscope.export.alerts.rules import Thresholds
+from specscope.read.evaluate.workload import output_lengths
+from specscope.read.fleet import Target
+from specscope.read.scrape import HubSource
+from specscope.state.hub import Hub
 from specscope.verdict.baseline import MAX_ROUNDS
 
 #: Short windows and waits so that every alert can come alive within the demo's few minutes.
@@ -89,13 +89,13 @@ class Demo:
         self._close(plain)
         self.weak_draft(baseline)
         self.traffic_classes()
-        from specscope.measure import wait_stopped
+        from specscope.engine.measure import wait_stopped
 
         wait_stopped()
         self.say("done: every scenario ran. Keys: tab/enter to pick an engine in the fleet, ? for help, q to quit")
 
     def tokenizer_check(self) -> None:
-        from specscope.tokenizer_check import compare
+        from specscope.core.tokenizer_check import compare
 
         name = SCENARIOS[0]
         target, draft = str(self.models["target"]), str(self.models["other-tokenizer"])
@@ -120,7 +120,7 @@ class Demo:
         """Throughput with ``batch`` requests held in flight (each finished one replaced), as a server runs; with
         ``order``, walking through the prompts (``sample``'s, else the first sample's) with their own output
         lengths, counted once the first are in."""
-        from specscope.measure import steady_throughput
+        from specscope.engine.measure import steady_throughput
 
         if order is None:
             return steady_throughput(llm, batch, seconds, self.prompts, TOKENS)
@@ -129,7 +129,7 @@ class Demo:
 
     @staticmethod
     def _close(llm: Any) -> None:
-        from specscope.measure import stop_engine
+        from specscope.engine.measure import stop_engine
 
         stop_engine(llm)
 
@@ -139,7 +139,7 @@ class Demo:
         Timed with the good draft's engine idle beside it, as the good draft later runs with the plain one idle
         beside it: an idle vLLM engine still takes ~13% of a core here, and a baseline timed alone priced the plain
         step 15-33% under the one served beside another engine (benchmarks/bench_truth_user.py)."""
-        from specscope.measure import measure_step_times
+        from specscope.engine.measure import measure_step_times
 
         name = SCENARIOS[1]
         self.show(name)
@@ -156,7 +156,7 @@ class Demo:
         """Predict, then measure: specscope sees the good draft serve sample A against scenario 2's baseline (the
         only one) and says what each batch size will run at, at K=6 and at the K it advises; then both are measured
         against the plain engine on sample B, prompts neither engine saw."""
-        from specscope.measure import serve_until_row
+        from specscope.engine.measure import serve_until_row
         from specscope.verdict import config_text, estimate, recommended_config
 
         self.show(SCENARIOS[2])
@@ -256,7 +256,7 @@ class Demo:
         specscope.instrument(llm, self.hubs[name])
         self.say(f"5/5 traffic classes: {len(easy)} 'easy' requests the draft follows, {len(hard)} 'hard' ones it "
                  "does not; engine-wide acceptance stays above 30%, the hard class's alert fires")
-        from specscope.measure import steady_throughput
+        from specscope.engine.measure import steady_throughput
 
         # Both classes in every batch, as a server's queue mixes them (taken in this order, each finished request
         # replaced by the next).
@@ -308,9 +308,9 @@ def _on_screen(record: str | None) -> int:
     """The engines run in a child process that serves each scenario's hub on a specscope endpoint (127.0.0.1);
     the dashboard reads them with ``--url`` sources, as it would read a production server. The child's logs go
     to a file, so they never draw over the screen."""
-    from specscope.collectors.scrape import EndpointSource
-    from specscope.tui.app import TopApp
-    from specscope.tui.record import Recorder
+    from specscope.read.scrape import EndpointSource
+    from specscope.read.tui.app import TopApp
+    from specscope.read.tui.record import Recorder
 
     log_path = _cache() / "demo.log"
     with open(log_path, "w") as log:
@@ -367,7 +367,7 @@ def _decode(line: str) -> list[str] | None:
 
 def _child() -> None:
     """The engine side of the on-screen demo: serve each hub, run the scenarios, stay up until the parent goes."""
-    from specscope.endpoint import Endpoint
+    from specscope.export.endpoint import Endpoint
 
     def send(*msg: str) -> None:
         print(json.dumps(list(msg)), flush=True)
@@ -422,8 +422,8 @@ def _headless(record: str | None) -> int:
 
 
 def _run_headless(record: str | None, say: Callable[[str], None]) -> int:
-    from specscope.summary import summary
-    from specscope.tui.record import Recorder
+    from specscope.export.summary import summary
+    from specscope.read.tui.record import Recorder
 
     fired: dict[str, set[str]] = {}
     recorder = Recorder(record) if record else None

@@ -1,5 +1,5 @@
 """Shared fixtures: the tiny model family and real vLLM engines, one alive at a time; ``--quick`` leaves out every
-test marked ``engine`` (all of tests/engine/) or ``server``."""
+test marked ``engine`` (all of tests/e2e/) or ``server``."""
 
 from __future__ import annotations
 
@@ -21,8 +21,12 @@ LAYOUT_VAR = "VLLM_ENABLE_V1_MULTIPROCESSING"
 #: Engine settings that work on a 2-core CPU machine (see ../shared/notes/vllm.md).
 ENGINE_KW: dict[str, Any] = {"enforce_eager": True, "dtype": "float32", "max_model_len": 512, "seed": 0}
 K = 4
-#: Every test under here drives a real vLLM engine or server: marked ``engine``.
-ENGINE_TESTS = Path(__file__).parent / "engine"
+#: The repository's root, and the files tests read.
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures"
+#: Every test under here drives a real vLLM engine or server end to end: marked ``engine`` (the package's
+#: ``engine`` layer is tested, engine-free, in tests/engine/).
+ENGINE_TESTS = REPO / "tests" / "e2e"
 #: The markers ``--quick`` leaves out.
 SLOW_MARKERS = ("engine", "server")
 
@@ -36,7 +40,7 @@ def pytest_configure(config: pytest.Config) -> None:
     """The suite's offline engines run their engine core in the test process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``):
     4 s to start where the default layout's two spawned processes take 14 s (measured here); specscope's code runs
     in the front-end process either way. vLLM's default layout is what users run: every server
-    (:func:`tests.engine.test_server.start_server`), the demo, `specscope evaluate` and the modules that take
+    (:func:`tests.e2e.test_server.start_server`), the demo, `specscope evaluate` and the modules that take
     :func:`user_layout` (those that time engines) run it.
     Set here, not on import, so that the benchmarks that borrow the suite's helpers keep the default."""
     config.addinivalue_line("markers", "server: starts Debian's prometheus, alertmanager or victoria-metrics")
@@ -64,9 +68,9 @@ def spec_config(tiny: dict[str, Path], draft: str, k: int = K) -> dict[str, Any]
 
 def shutdown(llm: Any) -> None:
     """Stop an engine's worker processes now rather than at garbage collection; their exit goes on while the next
-    test starts (:func:`specscope.measure.stop_engine`)."""
+    test starts (:func:`specscope.engine.measure.stop_engine`)."""
     from specscope import uninstrument
-    from specscope.measure import stop_engine
+    from specscope.engine.measure import stop_engine
 
     uninstrument(llm)
     stop_engine(llm)
@@ -74,8 +78,8 @@ def shutdown(llm: Any) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Every engine stopped before pytest exits."""
-    if "specscope.measure" in sys.modules:
-        sys.modules["specscope.measure"].wait_stopped()
+    if "specscope.engine.measure" in sys.modules:
+        sys.modules["specscope.engine.measure"].wait_stopped()
 
 
 class EnginePool:

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.conftest import FIXTURES
+
 
 def specscope(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "specscope.cli", *args], capture_output=True, text=True,
@@ -69,8 +71,8 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from specscope import exports
-from specscope.hub import Hub
+from specscope.export import exports
+from specscope.state.hub import Hub
 
 reader, spans = InMemoryMetricReader(), InMemorySpanExporter()
 metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))  # what a distro or the application sets up
@@ -99,9 +101,9 @@ def test_specscope_otlp_global_exports_through_the_processs_providers() -> None:
 
 
 def test_exports_from_env_start_what_is_asked_and_skip_bad_settings(tmp_path: Path) -> None:
-    from specscope import exports
-    from specscope.hub import Hub
-    from specscope.model import TokenizerStatus
+    from specscope.core.model import TokenizerStatus
+    from specscope.export import exports
+    from specscope.state.hub import Hub
 
     hub = Hub()
     hub.tokenizer = TokenizerStatus("mismatch")
@@ -153,7 +155,7 @@ def test_top_bad_input_and_unreachable_targets(tmp_path: Path) -> None:
 
 
 def test_top_once_replays_a_recording(tmp_path: Path) -> None:
-    rec = str(Path(__file__).parent / "fixtures" / "demo-recording.jsonl.gz")
+    rec = str(FIXTURES / "demo-recording.jsonl.gz")
     r = specscope("top", "--replay", rec, "--once", "--json")
     assert r.returncode == 0, r.stderr
     docs = json.loads(r.stdout)

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks import _common
+from tests.conftest import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 SCRIPT = ROOT / "scripts" / "figures.py"
 
 

@@ -56,9 +56,41 @@ def cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_no_import_circle_among_specscope_modules() -> None:
     graph = import_graph()
-    assert {"specscope.model", "specscope.codec"} <= graph.keys() and "specscope.model" in graph["specscope.codec"]
+    assert {"specscope.core.model", "specscope.core.codec"} <= graph.keys()
+    assert "specscope.core.model" in graph["specscope.core.codec"]
     assert cycle(graph) is None
 
 
 def test_the_check_sees_a_circle() -> None:
     assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+
+
+#: specscope's layers, bottom first: a module imports only from its own layer or those below it. ``specscope``
+#: itself and its modules outside a layer folder (``cli``, ``demo``: the commands) are the top, ``_version`` a leaf
+#: any layer may read.
+LAYERS = ("core", "verdict", "state", "export", "engine", "tiny_models", "read")
+
+
+def layer(mod: str) -> int:
+    """``mod``'s place in :data:`LAYERS` (the top, past the last, outside them; -1 for ``specscope._version``)."""
+    parts = mod.split(".")
+    if mod == "specscope._version":
+        return -1
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else len(LAYERS)
+
+
+def upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Every import in ``graph`` from a module to one in a layer above its own."""
+    return sorted((mod, dep) for mod, deps in graph.items() for dep in deps if layer(dep) > layer(mod))
+
+
+def test_every_import_runs_down_the_layers() -> None:
+    graph = import_graph()
+    assert {layer(m) for m in graph} == {-1, *range(len(LAYERS) + 1)}  # every layer has modules: names kept true
+    assert upward(graph) == []
+
+
+def test_the_layer_check_sees_an_upward_import() -> None:
+    graph = {"specscope.core.model": {"specscope.state.hub"}, "specscope.state.hub": {"specscope.core.model"},
+             "specscope.cli": {"specscope.read.tui"}}
+    assert upward(graph) == [("specscope.core.model", "specscope.state.hub")]

@@ -1,5 +1,2 @@
-"""Sources of telemetry: vLLM's in-process stat logger and server middleware, NVML, torch's allocator.
-
-Each source turns what it reads into specscope's own types and hands them to a :class:`specscope.hub.Hub`;
-nothing downstream reads a source directly.
-"""
+"""The old home of the engine's collectors (now :mod:`specscope.engine`), kept only so that a deployment started
+with ``vllm serve --middleware specscope.collectors.middleware.SpecscopeMiddleware`` keeps working."""

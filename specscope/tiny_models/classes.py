@@ -14,7 +14,7 @@ def split_by_acceptance(llm: Any, candidates: Sequence[str], tokens: int = 48, e
     have no domains, so the prompts are told apart by what the draft does with them."""
     from vllm import SamplingParams
 
-    from specscope.collectors import vllm_reader
+    from specscope.engine import vllm_reader
 
     outputs = llm.generate(list(candidates), SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True),
                            use_tqdm=False)

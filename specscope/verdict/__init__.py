@@ -1,7 +1,7 @@
 """The verdict: does speculation pay, and at which K? The expected speedup by batch size, from what the engine
 measured. ``cost`` (c), ``estimate`` (the speedup at a batch size and K), ``traffic`` (those weighted by where the
 engine spent its time), ``schedule`` (the K table and vLLM's schedule) and ``baseline`` (step times without
-speculation); memory findings are in :mod:`specscope.memory`.
+speculation); memory findings are in :mod:`specscope.core.memory`.
 
 At the running K and batch size b the decode speedup is observed, not modelled: tokens a request gains per decode
 step (measured) × the step time without speculation / the step time with it. The second comes from the live

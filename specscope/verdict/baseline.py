@@ -12,8 +12,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from specscope import intervals
-from specscope.model import (
+from specscope.core import intervals
+from specscope.core.model import (
     EngineSetup,
     Snapshot,
     StepProfile,
@@ -23,7 +23,7 @@ from specscope.model import (
 log = logging.getLogger("specscope")
 
 #: The most rounds ``specscope calibrate`` times by default: more than the first three only while they disagree
-#: (:func:`specscope.measure.measure_step_times`'s ``max_rounds``).
+#: (:func:`specscope.engine.measure.measure_step_times`'s ``max_rounds``).
 MAX_ROUNDS = 9
 
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from specscope.counts import fit_forward
-from specscope.model import (
+from specscope.core.counts import fit_forward
+from specscope.core.model import (
     CostRatio,
     Snapshot,
     StepProfile,
     StepTime,
 )
-from specscope.sizing import MODEL_FREE_METHODS, ModelSize
+from specscope.core.sizing import MODEL_FREE_METHODS, ModelSize
 from specscope.verdict.baseline import usable_baseline
 
 #: Decode steps a batch size needs before its mean step time is used.
@@ -95,7 +95,7 @@ MAX_ANCHOR_CONTEXT_MOVE = 0.08
 def forward_at(base: StepProfile, requests: int, tokens: float) -> float | None:
     """The baseline's target forward for ``requests`` requests running ``tokens`` tokens in all (a plain decode step
     at batch b runs b, a speculative one b·(K+1)), from the fit over every forward its calibration timed, prompts
-    and decode steps (:func:`specscope.counts.fit_forward`); None without a fit, past :data:`FORWARD_REACH` times
+    and decode steps (:func:`specscope.core.counts.fit_forward`); None without a fit, past :data:`FORWARD_REACH` times
     its largest batch size, or where the fit says a token costs nothing."""
     fit = fit_forward(base.forward_moments)
     largest = max((t.batch_size for t in base.times if t.steps >= MIN_STEPS), default=0)
@@ -203,7 +203,7 @@ def verify_share(base: StepProfile, batch_size: int, context: float | None = Non
 
 def verify_forward_share(base: StepProfile, batch_size: int) -> float | None:
     """What the target's forward adds for one more token a request at ``batch_size``, as a share of the baseline's
-    plain step there (both as calibrated): the per-token term of its forward fit (:func:`specscope.counts.
+    plain step there (both as calibrated): the per-token term of its forward fit (:func:`specscope.core.counts.
     fit_forward`), times the batch. The part of a measured c that grows with K through verification alone; None
     without a fit or a step at ``batch_size``, or where the fit says a token costs nothing."""
     fit = fit_forward(base.forward_moments)

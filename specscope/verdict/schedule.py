@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specscope.model import Snapshot
+from specscope.core.model import Snapshot
 from specscope.verdict.speedup import by_batch_size, estimate
 from specscope.verdict.traffic import flapping
 
@@ -109,7 +109,7 @@ def schedule_config(schedule: list[tuple[int, int, int]]) -> dict[str, Any] | No
 def recommended_config(snap: Snapshot) -> dict[str, Any] | None:
     """The schedule to configure, or None where speculation should be removed (``speculative_config`` dropped, a
     restart): where no batch size measured pays even at its best K, since a K = 0 range still costs a draft pass.
-    Where vLLM would run one K whatever the config says (:attr:`~specscope.model.EngineInfo.one_k_reason`: a method
+    Where vLLM would run one K whatever the config says (:attr:`~specscope.core.model.EngineInfo.one_k_reason`: a method
     it keeps no schedule for, or data parallel), one K: the best at the operating batch."""
     table = k_table(snap)
     if not any(c.speedup >= 1.0 for c in table):

@@ -6,13 +6,13 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from specscope import acceptance as acc
-from specscope.model import (
+from specscope.core import acceptance as acc
+from specscope.core.model import (
     CostRatio,
     Snapshot,
     TrafficClass,
 )
-from specscope.sizing import MODEL_FREE_METHODS
+from specscope.core.sizing import MODEL_FREE_METHODS
 from specscope.verdict import uncertainty
 from specscope.verdict.baseline import usable_baseline
 from specscope.verdict.cost import (

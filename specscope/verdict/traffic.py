@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from specscope.model import Snapshot
+from specscope.core.model import Snapshot
 from specscope.verdict.speedup import SpeedupEstimate, estimate
 
 

@@ -12,7 +12,7 @@ from the baseline's spread, and takes the central :data:`COVERAGE` of the draws 
 The interval is for the traffic's speedup, what a restart at the K it names gives over the long run (the mean over
 all of the traffic's requests, at the machine's speed at another moment), not for one more window's measurement of
 as many requests: that scatters further, by the second sample's own uncertainty (a 90% interval of the mean holds
-such a measurement about three times in four). ``tests/test_interval_coverage.py`` checks the coverage on a
+such a measurement about three times in four). ``tests/verdict/test_interval_coverage.py`` checks the coverage on a
 simulated engine whose truth is known.
 """
 
@@ -22,7 +22,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specscope.model import RequestRecord, Snapshot
+from specscope.core.model import RequestRecord, Snapshot
 
 #: The share of draws an interval covers (its ends are the 5th and 95th percentiles).
 COVERAGE = 0.9

@@ -1,0 +1,311 @@
+"""specscope's vLLM stat logger: the engine-step source of the telemetry model.
+
+Registered under the ``vllm.stat_logger_plugins`` entry point as ``specscope``, so ``vllm serve`` loads it with
+no code change (``VLLM_PLUGINS=specscope``); ``specscope.LLM`` and :func:`specscope.instrument` attach it to
+an engine directly. Every call is guarded: a failure is counted in the hub's health, never raised into vLLM.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from vllm.v1.metrics.loggers import AggregateStatLoggerBase
+
+from specscope.core.counts import StepBatch
+from specscope.engine import capture, forward_timer, vllm_hook, vllm_reader
+from specscope.engine.capture import Capture, CaptureConfig, CaptureError
+from specscope.state.hub import Hub, default_hub
+from specscope.state.request_log import PENDING_TIMEOUT_S
+
+log = logging.getLogger("specscope")
+_exports_started = False
+_version_checked = False
+_shared = False
+#: Whether this process is to serve an export role, with several API-server processes
+#: (:func:`specscope.engine.share.join`).
+_lead: Callable[[str], bool] | None = None
+#: The most steps, and seconds, the stat logger keeps before adding them to the hub (readers flush at once). The
+#: seconds bound how late a finished request reaches the hub's listeners when nothing reads the hub: 5 s, the OTLP
+#: span exporter's own batch delay and the alert loop's interval, and half the time a request record waits for its
+#: other part (so the engine's part is never late for it).
+BATCH_STEPS = 64
+BATCH_S = PENDING_TIMEOUT_S / 2
+#: A kept step's place for the front end's operation name when no request finished in it.
+_NOT_FINISHED = object()
+
+
+class _Kept(NamedTuple):
+    """One engine step as ``record`` keeps it until the next flush: vLLM's stats objects, untouched."""
+
+    time: float
+    engine: int
+    scheduler: Any
+    iteration: Any
+    #: The GenAI operation of the requests that finished in the step (``_NOT_FINISHED``: none finished).
+    operation: Any
+
+
+class SpecscopeStatLogger(AggregateStatLoggerBase):
+    """Feeds every engine step and every finished request into a :class:`~specscope.state.hub.Hub`."""
+
+    #: The hub subclasses made by :meth:`bound_to` write to; None (the plugin): the process's default hub.
+    bound_hub: Hub | None = None
+
+    def __init__(self, vllm_config: Any, engine_indexes: list[int] | None = None) -> None:
+        self.hub: Hub = type(self).bound_hub or default_hub()
+        mine = self.hub.claim(vllm_config)
+        if not mine:  # e.g. the plugin on a second engine in one process: kept out, in a hub nothing reads
+            log.info("specscope: the stat logger's hub holds another engine's numbers; %s is not recorded there",
+                     getattr(getattr(vllm_config, "model_config", None), "model", "this engine"))
+            self.hub = Hub()
+        self.vllm_config = vllm_config
+        self._clock = self.hub.clock
+        self._pending: deque[_Kept] = deque()
+        self._flushing = threading.Lock()
+        self.hub.add_pending_source(self.flush)
+        self.engine_indexes = list(engine_indexes or [0])
+        par = getattr(vllm_config, "parallel_config", None)
+        where = forward_timer.named() if not getattr(par, "_api_process_rank", 0) else None
+        #: Where the engines' forward times are read (None: nowhere), by one API-server process (its snapshots reach
+        #: the others); kept when the engine moves to another hub (:func:`~.vllm_engine.instrument`).
+        self.forwards = forward_timer.ForwardDeltas(where) if where is not None else None
+        spec = getattr(vllm_config, "speculative_config", None)
+        #: The most tokens a request runs in a decode forward (K + 1): forwards with more ran a prompt.
+        self._decode_tokens = 1 + int(getattr(spec, "num_speculative_tokens", 0) or 0)
+        self._hook_failures = vllm_hook.failures
+        self._split: dict[int, vllm_reader.SplitSteps] = {}
+        if vllm_hook.install():
+            self.hub.requests.expect_parts(1)  # the engine's own records are complete
+        try:
+            self.hub.set_engine(vllm_reader.engine_info(vllm_config))
+            self.hub.cost_ratio = vllm_reader.cost_ratio(vllm_config)
+            baseline = os.environ.get("SPECSCOPE_BASELINE")
+            if baseline and type(self).bound_hub is None:
+                from specscope.verdict import load_profile
+
+                self.hub.set_baseline(load_profile(baseline))
+            obs = getattr(vllm_config, "observability_config", None)
+            if (
+                getattr(vllm_config, "speculative_config", None) is not None
+                and getattr(obs, "per_request_spec_decode_metrics", "none") == "none"
+            ):
+                log.warning(
+                    "specscope: per-request acceptance is off; start vLLM with "
+                    "--per-request-spec-decode-metrics summary to record it"
+                )
+        except Exception as exc:
+            self.hub.health.count_error("stat logger init", exc)
+        _check_version_once()
+        if not mine:
+            return
+        _check_tokenizers_in_background(self.hub, vllm_config)
+        if type(self).bound_hub is None:  # the vllm serve plugin: what specscope.LLM does for itself
+            from specscope.engine import gpu_source
+
+            gpu_source.attach(self.hub)
+            _share_once(self.hub, vllm_config)
+            _capture_once(self.hub, vllm_config)
+            _start_exports_once(self.hub)
+
+    @classmethod
+    def bound_to(cls, hub: Hub) -> type[SpecscopeStatLogger]:
+        """A subclass writing to ``hub``, usable as a vLLM ``stat_loggers`` factory."""
+        return type(cls.__name__, (cls,), {"bound_hub": hub})
+
+    def record(
+        self,
+        scheduler_stats: Any,
+        iteration_stats: Any,
+        mm_cache_stats: Any = None,
+        engine_idx: int = 0,
+    ) -> None:
+        """Called by vLLM after every engine step: the step's stats are kept as vLLM made them (new objects every
+        step, never touched again) and added to the hub in batches (:meth:`flush`): every :data:`BATCH_STEPS`
+        steps, :data:`BATCH_S` seconds after the first step kept, when the engine goes idle, and whenever the hub
+        is read (a snapshot, an export, an alert evaluation)."""
+        try:
+            now = self._clock()
+            pending = self._pending
+            pending.append(_Kept(now, engine_idx, scheduler_stats, iteration_stats,
+                                 vllm_hook.OPERATION.get() if getattr(iteration_stats, "finished_requests", None)
+                                 else _NOT_FINISHED))
+            try:
+                oldest = pending[0].time
+            except IndexError:  # a reader flushed them already
+                return
+            if (len(pending) >= BATCH_STEPS or now - oldest >= BATCH_S
+                    or (scheduler_stats is not None and not (getattr(scheduler_stats, "num_running_reqs", 1)
+                                                             or getattr(scheduler_stats, "num_waiting_reqs", 1)))):
+                self.flush()
+        except Exception as exc:
+            self.hub.health.count_error("stat logger step", exc)
+
+    def flush(self) -> None:
+        """Add the steps recorded so far, and the engines' forwards timed since the last flush, to the hub (from
+        vLLM's thread or a reader's; one at a time)."""
+        with self._flushing:
+            pending = self._pending
+            rows = [pending.popleft() for _ in range(len(pending))]
+            if rows:
+                self._add(rows)
+            if self.forwards is not None:  # also when this process got no steps: they may be another's
+                try:
+                    for engine in self.engine_indexes:
+                        self.hub.record_forwards(engine, self.forwards.since(engine), self._decode_tokens)
+                except Exception as exc:
+                    self.hub.health.count_error("forward times", exc)
+
+    def _add(self, rows: list[_Kept]) -> None:
+        hub = self.hub
+        # The finished requests' parts first: adding the steps releases the records whose other part is overdue
+        # at the batch's last step, and these parts are not overdue.
+        try:
+            parts = []
+            for now, engine, _, it, operation in [row for row in rows if row.operation is not _NOT_FINISHED]:
+                for fin in vllm_reader.finished_requests(it):
+                    fin.fields["engine"] = engine
+                    if operation:
+                        fin.fields["operation"] = operation
+                    if fin.payload is not None and hub.capture is not None:
+                        hub.capture.hold(fin.request_id, fin.payload)
+                    parts.append((now, fin.request_id, fin.fields, fin.per_step))
+            if parts:
+                hub.requests.record_finished(parts)
+        except Exception as exc:
+            hub.health.count_error("stat logger requests", exc)
+        missing: list[str] = []
+        for engine in {row.engine for row in rows}:
+            steps = [row for row in rows if row.engine == engine]
+            try:
+                batch = self._read(steps, missing)
+                hub.record_steps(engine, batch)
+            except Exception as exc:
+                hub.health.count_error("stat logger step", exc)
+        if missing:
+            hub.health.count_missing(missing, vllm_reader.unavailable(missing))
+        if vllm_hook.failures != self._hook_failures:
+            self._hook_failures = vllm_hook.failures
+            hub.health.count_error("request hook", RuntimeError("vLLM's request state changed shape"))
+
+    def _read(self, rows: list[_Kept], missing: list[str]) -> StepBatch:
+        """The steps of ``rows`` (one engine's); a step vLLM filled in a way this reader cannot read costs that step
+        alone. With several API-server processes each holds only its own requests' part of a step, read step after
+        step by the engine's :class:`~.vllm_reader.SplitSteps`."""
+        split = self._split_steps(rows[0].engine) if self.hub.server_processes > 1 else None
+        try:
+            return vllm_reader.read_steps([r.time for r in rows], [r.scheduler for r in rows],
+                                          [r.iteration for r in rows], missing, split)
+        except Exception:
+            readable = []
+            for row in rows:
+                try:  # only whether it reads: without ``split``, whose state each read carries on
+                    vllm_reader.read_steps([row.time], [row.scheduler], [row.iteration])
+                    readable.append(row)
+                except Exception as exc:
+                    self.hub.health.count_error("stat logger step", exc)
+            return vllm_reader.read_steps([r.time for r in readable], [r.scheduler for r in readable],
+                                          [r.iteration for r in readable], missing, split)
+
+    def _split_steps(self, engine: int) -> vllm_reader.SplitSteps:
+        """The engine's reader of split steps, made on its first (the scheduler's token budget from the config)."""
+        split = self._split.get(engine)
+        if split is None:
+            sched = getattr(self.vllm_config, "scheduler_config", None)
+            split = self._split[engine] = vllm_reader.SplitSteps(
+                int(getattr(sched, "max_num_batched_tokens", 0) or 0),
+                int(getattr(sched, "long_prefill_token_threshold", 0) or 0))
+        return split
+
+    def log_engine_initialized(self) -> None:
+        """Re-read the configuration: the KV block count is known once the engine is up."""
+        try:
+            self.hub.set_engine(vllm_reader.engine_info(self.vllm_config))
+        except Exception as exc:
+            self.hub.health.count_error("stat logger init", exc)
+
+
+def _check_version_once() -> None:
+    """Warn once per process when vLLM is outside the releases specscope was checked against."""
+    global _version_checked
+    if _version_checked:
+        return
+    _version_checked = True
+    warning = vllm_reader.version_warning(vllm_reader.engine_version())
+    if warning:
+        log.warning("specscope: %s", warning)
+
+
+def _check_tokenizers_in_background(hub: Hub, vllm_config: Any) -> None:
+    """Compare the target's and the draft's tokenizers as the engine loaded them (names or directories), off the
+    engine's path; the verdict goes to the hub (and the alert rules). Skipped when the hub has one already."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is None or getattr(spec, "method", None) != "draft_model" or hub.tokenizer is not None:
+        return
+    target = getattr(getattr(vllm_config, "model_config", None), "tokenizer", None)
+    draft = getattr(getattr(spec, "draft_model_config", None), "tokenizer", None)
+    if not target or not draft:
+        return
+
+    from specscope.core.tokenizer_check import record_verdict
+
+    threading.Thread(target=record_verdict, args=(str(target), str(draft), hub), name="specscope-tokenizer-check",
+                     daemon=True).start()
+
+
+def _share_once(hub: Hub, vllm_config: Any) -> None:
+    """With several API-server processes (``--api-server-count``), share the hub's numbers between them."""
+    global _lead, _shared
+    if _shared:
+        return
+    _shared = True
+    from specscope.engine import share
+
+    par = getattr(vllm_config, "parallel_config", None)
+    _lead = share.join(hub, max(0, int(getattr(par, "_api_process_rank", 0) or 0)),
+                       int(getattr(par, "_api_process_count", 1) or 1))
+
+
+def start_capture(hub: Hub, config: CaptureConfig, vllm_config: Any) -> Capture:
+    """Capture ``hub``'s engine's chosen requests as training rows (:mod:`specscope.engine.capture`), or say with one
+    line
+    why not: lossy verification, or vLLM's output processor not hooked (``SPECSCOPE_HOOK=off``). CaptureError for a
+    directory that is not private."""
+    stopped = capture.refusal(getattr(vllm_config, "speculative_config", None))
+    if stopped is None and not vllm_hook.installed():
+        stopped = "vLLM's output processor is not hooked (SPECSCOPE_HOOK=off?): no completion reaches specscope"
+    return capture.Capture(config, hub, vllm_reader.engine_info(vllm_config).model, stopped)
+
+
+def _capture_once(hub: Hub, vllm_config: Any) -> None:
+    """Capture the traffic ``SPECSCOPE_CAPTURE_*`` chooses as training rows (:mod:`specscope.engine.capture`), once per
+    process; a setting that cannot be used is said in one line, and the server runs without capture."""
+    if hub.capture is not None:
+        return
+    try:
+        config = CaptureConfig.from_env()
+        if config is not None:
+            start_capture(hub, config, vllm_config)  # the Capture checks its directory
+    except CaptureError as exc:  # one line (the health log's), and the server runs without capture
+        # Health reaches the snapshot, the share files and top: it says what is wrong, not where capture writes.
+        text, directory = str(exc), os.environ.get("SPECSCOPE_CAPTURE_DIR", "").strip()
+        for form in {directory, str(Path(directory))} - {"", "."}:
+            text = text.replace(form, "$SPECSCOPE_CAPTURE_DIR")
+        hub.health.count_error("capture", CaptureError(text))
+
+
+def _start_exports_once(hub: Hub) -> None:
+    """As a ``vllm serve`` plugin: start the exports the environment asks for, once per process (and, with several
+    API-server processes, each export in one of them)."""
+    global _exports_started
+    if _exports_started:
+        return
+    _exports_started = True
+    from specscope.export import exports
+
+    exports.from_env(hub, lead=_lead)

@@ -1,0 +1,236 @@
+"""Sources map what they fetch into the snapshot model; targets survive bad sources; windows come from history."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from specscope.core import codec
+from specscope.core.intervals import since
+from specscope.core.model import Snapshot
+from specscope.export.endpoint import Endpoint
+from specscope.read.fleet import Target
+from specscope.read.promtext import parse
+from specscope.read.scrape import EndpointSource, SourceError, sglang_snapshot, sglang_source, vllm_snapshot
+from tests.conftest import FIXTURES
+from tests.read.tui.helpers import Clock, busy_hub, feed, http_server, reply
+
+
+def test_snapshot_round_trips_through_json() -> None:
+    snap = busy_hub(Clock()).snapshot()
+    assert codec.from_dict(json.loads(json.dumps(codec.to_dict(snap)))) == snap
+    with pytest.raises(ValueError, match="not a specscope snapshot"):
+        codec.from_dict({"time": "yesterday"})
+
+
+def test_endpoint_source_reads_the_full_snapshot() -> None:
+    hub = busy_hub(Clock())
+    ep = Endpoint(hub.snapshot, "127.0.0.1", 0)
+    try:
+        got = EndpointSource(ep.url).fetch()
+    finally:
+        ep.close()
+    assert got == hub.snapshot()
+    assert len(got.requests) == 30 and got.unavailable == ()
+
+
+@pytest.mark.parametrize(("dropped", "unknown"), [
+    ("vllm:spec_decode_num_accepted_tokens_total", "spec_counts"),
+    ("vllm:spec_decode_num_draft_tokens_total", "spec_counts"),
+    ("vllm:num_preemptions_total", "preemptions"),
+    ("vllm:generation_tokens_total", "generation_tokens"),
+])
+def test_a_counter_missing_from_the_page_is_unavailable_not_zero(dropped: str, unknown: str) -> None:
+    """A vLLM that renamed a counter: its number is listed unavailable (shown n/a); acceptance without its
+    accepted or drafted count is None, and the weak-draft and collapse alerts stay quiet."""
+    from specscope.export.alerts.evaluate import Evaluator
+    from specscope.export.alerts.rules import RULES
+    from specscope.read.tui import view
+
+    samples = parse((FIXTURES / "vllm_metrics.txt").read_text())
+    assert dropped in samples
+    del samples[dropped]
+    snap = vllm_snapshot(samples, time.time())
+    assert unknown in snap.unavailable
+    if unknown == "spec_counts":
+        assert snap.lifetime.spec is None
+        assert Evaluator(on_error=lambda where, exc: None, rules=[r for r in RULES if "Draft" in r.name
+                         or "Collapse" in r.name]).evaluate(snap) == []
+    text = view.kv_panel(snap).plain + view.spec_panel(snap, 0.3).plain
+    if unknown == "preemptions":
+        assert "preemptions n/a" in text
+    if unknown == "generation_tokens":  # not exported as 0 either
+        from specscope.export.catalogue import BY_NAME
+
+        states = {attrs["state"] for attrs, _ in BY_NAME["specscope.tokens"].read(snap)}
+        assert states == {"input"}
+
+
+def test_vllm_page_maps_to_engine_counters() -> None:
+    samples = parse((FIXTURES / "vllm_metrics.txt").read_text())
+    snap = vllm_snapshot(samples, time.time())
+
+    def total(name: str) -> float:
+        return sum(v for _, v in samples[name])
+
+    spec = snap.lifetime.spec
+    assert spec is not None and spec.num_spec_tokens == 4
+    assert spec.drafts == total("vllm:spec_decode_num_drafts_total")
+    assert spec.draft_tokens == total("vllm:spec_decode_num_draft_tokens_total")
+    assert spec.accepted == total("vllm:spec_decode_num_accepted_tokens_total")
+    assert snap.lifetime.generation_tokens == total("vllm:generation_tokens_total")
+    assert snap.kv.block_size and snap.kv.num_blocks
+    assert snap.request_duration is not None and snap.request_duration.count == total(
+        "vllm:e2e_request_latency_seconds_count")
+    assert {"requests", "gpu", "kv_tokens"} <= set(snap.unavailable)
+    assert snap.requests == () and snap.kv.fragmentation is None  # unavailable, not zero
+
+
+def test_a_data_parallel_page_is_read_engine_by_engine() -> None:
+    """Two engines (vLLM's engine="0" and "1"): counters add up, each engine apart, KV usage averaged, not summed."""
+    lines = [x for x in (FIXTURES / "vllm_metrics.txt").read_text().splitlines()
+             if not x.startswith("vllm:kv_cache_usage_perc{")]
+    lines += [x.replace('engine="0"', 'engine="1"') for x in lines if 'engine="0"' in x]
+    lines += ['vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.6',
+              'vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.8']
+    samples = parse("\n".join(lines) + "\n")
+    snap = vllm_snapshot(samples, time.time())
+    zero, one = snap.engines
+    assert (zero.index, one.index) == (0, 1) and zero.lifetime == one.lifetime  # the same counts, each its own
+    assert snap.lifetime.spec.draft_tokens == 2 * zero.lifetime.spec.draft_tokens  # type: ignore[union-attr]
+    assert (zero.kv.block_usage, one.kv.block_usage) == (0.6, 0.8)
+    assert snap.kv.block_usage == pytest.approx(0.7)  # over 100% if they were added, as before
+    assert snap.kv.capacity_tokens == 2 * zero.kv.capacity_tokens  # type: ignore[operator]
+
+
+def test_sglang_page_reports_gauges_without_inventing_counts() -> None:
+    page = "\n".join([
+        "# TYPE sglang:spec_accept_length gauge",
+        'sglang:spec_accept_length{model_name="qwen"} 2.5',
+        'sglang:spec_accept_rate{model_name="qwen"} 0.42',
+        'sglang:token_usage{model_name="qwen"} 0.3',
+        'sglang:num_running_reqs{model_name="qwen"} 3',
+        'sglang:num_queue_reqs{model_name="qwen"} 1',
+        'sglang:generation_tokens_total{model_name="qwen"} 1200',
+        "",
+    ])
+    snap = sglang_snapshot(parse(page), 100.0)
+    assert snap.engine.server == "sglang" and snap.engine.model == "qwen"
+    assert dict(snap.reported) == {"acceptance_rate": 0.42, "mean_acceptance_length": 2.5}
+    assert snap.lifetime.spec is None and "spec_counts" in snap.unavailable
+    assert (snap.running, snap.waiting, snap.kv.block_usage) == (3, 1, 0.3)
+    with http_server(lambda req: reply(req, 200, page.encode())) as url:
+        assert sglang_source(url).fetch().reported == snap.reported
+
+
+def test_unreachable_slow_and_garbage_targets_show_and_recover() -> None:
+    state = {"mode": "garbage"}
+    hub = busy_hub(Clock())
+
+    def handle(req):  # type: ignore[no-untyped-def]
+        if state["mode"] == "garbage":
+            reply(req, 200, b"<html>502 Bad Gateway</html>")
+        elif state["mode"] == "slow":
+            time.sleep(1.0)
+            reply(req, 200, json.dumps(codec.to_dict(hub.snapshot())).encode())
+        elif state["mode"] == "error":
+            reply(req, 503, b"down")
+        else:
+            reply(req, 200, json.dumps(codec.to_dict(hub.snapshot())).encode())
+
+    with http_server(handle) as url:
+        t = Target(EndpointSource(url, timeout=0.3))
+        t.poll()
+        assert t.error and "not a specscope snapshot" in t.error and t.snapshot is None
+        state["mode"] = "slow"
+        t.poll()
+        assert t.error and "timed out" in t.error
+        state["mode"] = "error"
+        t.poll()
+        assert t.error and "HTTP 503" in t.error
+        state["mode"] = "ok"
+        t.poll()
+        assert t.error is None and t.snapshot is not None and len(t.snapshot.requests) == 30
+    t.poll()  # the server is gone
+    assert t.error and "Connection refused" in t.error
+    assert t.snapshot is not None  # the last good snapshot stays on screen
+    with pytest.raises(SourceError):
+        EndpointSource("http://127.0.0.1:9").fetch()
+
+
+def test_window_comes_from_the_history_of_polls() -> None:
+    clock = Clock()
+    hub = busy_hub(clock, requests=20, accepted_of_4=4)
+
+    class HubSrc:
+        name = "hub"
+
+        def fetch(self) -> Snapshot:
+            return hub.snapshot()
+
+    t = Target(HubSrc())
+    t.poll()
+    assert t.windowed(10) == t.snapshot  # one poll: the source's own window
+    feed(hub, clock, 10, accepted_of_4=0, start=20)  # the draft turns useless
+    t.poll()
+    w = t.windowed(60)
+    assert w is not None and w.window.spec is not None
+    assert w.window.spec.draft_tokens == 10 * 10 * 4 and w.window.spec.accepted == 0
+    assert w.window.spec.acceptance_rate == 0.0 and w.window.seconds == pytest.approx(10.0)
+    assert since(w.lifetime, w.lifetime).generation_tokens == 0
+    assert t.series("acceptance") == [0.0] and t.series("tokens_per_s") == [pytest.approx(40.0)]
+    alerts = t.evaluate()
+    assert [a.rule for a in alerts] == ["SpecscopeAcceptanceCollapse"] and alerts[0].state == "pending"
+    t.reset()
+    assert t.windowed(60).window.generation_tokens == 0  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("plugin_status", "flagged"), [(404, True), (401, False), (200, False)])
+def test_a_vllm_server_without_specscope_is_said_so(plugin_status: int, flagged: bool) -> None:
+    """--vllm probes the server's /specscope/snapshot: a 404 there (no plugin, or vLLM 0.33's Rust front end, which
+    loads none) is said on the screen and in --once; a 401 (the middleware behind --api-key) or a 200 is not."""
+    import subprocess
+    import sys
+
+    from specscope.read.scrape import NO_PLUGIN, NO_PLUGIN_SAYS, vllm_source
+
+    page = (FIXTURES / "vllm_metrics.txt").read_bytes()
+    asked: list[str] = []
+
+    def handle(req: Any) -> None:
+        asked.append(req.path)
+        if req.path == "/metrics":
+            reply(req, 200, page)
+        else:
+            reply(req, plugin_status, b"{}" if plugin_status == 200 else b"no")
+
+    with http_server(handle) as url:
+        source = vllm_source(url)
+        first, second = source.fetch(), source.fetch()
+        r = subprocess.run([sys.executable, "-m", "specscope.cli", "top", "--vllm", url, "--once"],
+                           capture_output=True, text=True, timeout=60)
+    assert (NO_PLUGIN in first.unavailable) is flagged and (NO_PLUGIN in second.unavailable) is flagged
+    assert asked.count("/specscope/snapshot") == 2  # once per source (then every minute), not on every poll
+    assert r.returncode == 0, r.stderr
+    assert (NO_PLUGIN_SAYS in r.stdout) is flagged
+    assert "n/a from this source: requests" in r.stdout
+
+
+def test_an_unanswered_probe_flags_nothing() -> None:
+    """A probe the server does not answer (the connection closes) says nothing about the plugin."""
+    from specscope.read.scrape import NO_PLUGIN, vllm_source
+
+    page = (FIXTURES / "vllm_metrics.txt").read_bytes()
+
+    def handle(req: Any) -> None:
+        if req.path == "/metrics":
+            reply(req, 200, page)
+        else:
+            req.close_connection = True  # no answer at all
+
+    with http_server(handle) as url:
+        snap = vllm_source(url).fetch()
+    assert NO_PLUGIN not in snap.unavailable and "requests" in snap.unavailable
