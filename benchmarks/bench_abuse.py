@@ -49,6 +49,10 @@ specscope traceback in vLLM's log.
 setting) under the same warm-up and load, no faults, the resident memory of its processes alone
 (``abuse_without_specscope``): how much of a process's growth is vLLM's own.
 
+**Untimed** (``--untimed``): all of specscope but the forward timer (``SPECSCOPE_FORWARD_DIR`` named where it cannot
+be made, so the worker keeps no sums and starts no publishing thread), with the same load and faults
+(``abuse_untimed``): how much of the worker's memory is the timer's.
+
 Run: python benchmarks/bench_abuse.py [--minutes 5] [--requests 3000] [--concurrency 24] [--kill-at end|FRACTION]
      python benchmarks/bench_abuse.py --without-specscope   (the baseline of the memory goal)
      python benchmarks/bench_abuse.py --smoke   (about a minute and 300 requests: the code paths, numbers not to keep)
@@ -454,6 +458,8 @@ class Run:
             "SPECSCOPE_CAPTURE_MAX_BYTES": CAPTURE_MAX_BYTES}
         if self.bare:
             env = {k: v for k, v in env.items() if not k.startswith("SPECSCOPE_")} | {"VLLM_PLUGINS": ""}
+        elif self.args.untimed:  # a forward-time directory that cannot be made: the worker times nothing
+            env["SPECSCOPE_FORWARD_DIR"] = "/proc/specscope-untimed"
         self.proc = launch(cmd, env, self.log)
         self.tree()
         wait_up(self.proc, cmd, self.log)
@@ -917,19 +923,22 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="about a minute, 300 requests: numbers not to keep")
     ap.add_argument("--without-specscope", action="store_true",
                     help="the same server and load without specscope: memory alone (abuse_without_specscope)")
+    ap.add_argument("--untimed", action="store_true",
+                    help="all of specscope but the forward timer (its sums and publishing thread in the worker): "
+                         "what of the worker's memory is the timer's (abuse_untimed)")
     ap.add_argument("--results", default=None)
     args = ap.parse_args()
     if args.smoke:
         args.minutes, args.requests, args.sample_s = 1.0, 300, 5.0
     if args.kill_at != "end" and not 0 < float(args.kill_at) < 1:
         ap.error("--kill-at: 'end' or a share of the run between 0 and 1")
-    name = args.results or ("smoke_abuse" if args.smoke else "abuse") + ("_without_specscope" if
-                                                                          args.without_specscope else "")
+    name = args.results or ("smoke_abuse" if args.smoke else "abuse") + (
+        "_without_specscope" if args.without_specscope else "_untimed" if args.untimed else "")
     root = Path(tempfile.mkdtemp(prefix="bench-abuse-"))
     run = Run(args, root)
     result: dict[str, Any] = {"config": {
         "minutes": args.minutes, "requests": args.requests, "concurrency": args.concurrency, "kill_at": args.kill_at,
-        "smoke": args.smoke, "without_specscope": args.without_specscope,
+        "smoke": args.smoke, "without_specscope": args.without_specscope, "untimed": args.untimed,
         "model": "tiny target + noise2 draft, K=4, --api-server-count 2, --max-num-seqs 32",
         "capture": {"classes": CAPTURE_CLASSES, "disk_bytes": DISK_BYTES, "max_bytes": CAPTURE_MAX_BYTES},
         "tenants": TENANTS, "invented_per_minute": INVENTED_PER_MINUTE,
