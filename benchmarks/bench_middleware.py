@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._common import write
 from specscope.core import codec
 from specscope.core.model import EngineInfo
-from specscope.engine import vllm_reader
+from specscope.engine import vllm_stats
 from specscope.engine.middleware import SpecscopeMiddleware
 from specscope.state.hub import Hub, StepStats
 
@@ -94,8 +94,8 @@ class Kept:
 
     def flush(self) -> None:
         now = time.time()
-        self.hub.record_steps(0, vllm_reader.read_steps([now] * KEPT_STEPS, [s for s, _ in self.steps],
-                                                        [i for _, i in self.steps]))
+        self.hub.record_steps(0, vllm_stats.read_steps([now] * KEPT_STEPS, [s for s, _ in self.steps],
+                                                       [i for _, i in self.steps]))
 
 
 class Share:

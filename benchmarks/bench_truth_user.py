@@ -290,8 +290,8 @@ def _verdict_plain(snap: Any, batches: Sequence[int] = BATCHES) -> dict[str, Any
     anchored to the predicting run's where it could be, ``anchored``) and the target's forward in ms at the tokens
     it ran, in the predicting run and in the baseline (``forward``), and the baseline's fit of its forwards
     (``forward_fit_ms``: ms, ms a request, ms a token)."""
-    from specscope.core.counts import fit_forward
     from specscope.verdict.cost import plain_step
+    from specscope.verdict.forward import fit_forward
 
     if snap.baseline is None:
         return {}

@@ -56,7 +56,7 @@ def split(models: dict[str, Path]) -> tuple[list[str], list[str]]:
     from vllm import SamplingParams
 
     import specscope
-    from specscope.engine import vllm_reader
+    from specscope.engine import vllm_stats
     from specscope.engine.measure import stop_engine
 
     llm = specscope.LLM(str(models["target"]), specscope_hub=specscope.Hub(), enforce_eager=True,
@@ -70,7 +70,7 @@ def split(models: dict[str, Path]) -> tuple[list[str], list[str]]:
         stop_engine(llm)
     rate = {}
     for prompt, out in zip(PROMPTS, outputs, strict=True):
-        steps = vllm_reader.per_step_counts(out.outputs[0].spec_decode_metrics)
+        steps = vllm_stats.per_step_counts(out.outputs[0].spec_decode_metrics)
         rate[prompt] = sum(steps[0]) / max(1, sum(steps[1])) if steps else 0.0
     order = sorted(PROMPTS, key=rate.__getitem__)
     return order[-len(order) // 4:], order[:len(order) * 2 // 5]

@@ -17,8 +17,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = ("README.md", "docs/export.md", "docs/kv-cache.md", "docs/metrics.md", "docs/runbook.md",
-        "docs/speed-anchor.md", "docs/verdict.md")
+
+def documents(root: Path) -> list[str]:
+    """The documents figures may be quoted in: README.md and every page under docs/."""
+    return ["README.md", *sorted(str(p.relative_to(root)) for p in (root / "docs").glob("*.md"))]
+
 #: The fresh-seed truth runs the docs quote (``bench_truth_user.py --fresh``), as run: each one's figures are named
 #: ``<prefix>.<figure>``.
 FRESH = {"fresh": "truth_fresh_56479.json", "fresh2": "truth_fresh_282999.json", "fresh3": "truth_fresh_333557.json"}
@@ -196,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     changes: list[str] = []
     texts: dict[Path, str] = {}
     try:
-        for doc in DOCS:
+        for doc in documents(args.root):
             path = args.root / doc
 
             def sub(m: re.Match[str], doc: str = doc) -> str:

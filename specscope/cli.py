@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from specscope._version import __version__
+from specscope.core.bad_input import fail
 from specscope.verdict.baseline import MAX_ROUNDS
 
 
@@ -34,7 +35,7 @@ class _Parser(argparse.ArgumentParser):
     """Bad input: one clear line on stderr and exit code 2 (no usage dump)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"specscope: error: {message} (see {self.prog} --help)\n")
+        self.exit(fail(f"{message} (see {self.prog} --help)"))
 
 
 def _check_export(args: argparse.Namespace) -> int:
@@ -65,8 +66,7 @@ def _check_export(args: argparse.Namespace) -> int:
                 lines.append(f"otlp: {c.protocol} to {c.endpoint} ({len(c.headers)} headers), every "
                              f"{c.export_interval_ms} ms")
     except (exports.ExportConfigError, EndpointError, OtelConfigError) as exc:
-        print(f"specscope: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(exc)
     print("\n".join(lines) or "no export configured (set SPECSCOPE_PROMETHEUS_PORT and/or SPECSCOPE_OTLP=1)")
     return 0
 
@@ -91,8 +91,7 @@ def _check_tokenizers(args: argparse.Namespace) -> int:
     try:
         report = compare(args.target, args.draft)
     except TokenizerCheckError as exc:
-        print(f"specscope: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(exc)
     print(json.dumps(report.to_dict(), indent=2) if args.json else render(report))
     return 1 if report.verdict == "mismatch" else 0
 
@@ -128,8 +127,7 @@ def _rules(args: argparse.Namespace) -> int:
     try:
         thresholds = _thresholds(args)
     except (RuleConfigError, ValueError) as exc:
-        print(f"specscope: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(exc)
     sys.stdout.write(render(thresholds, vllm_only=args.vllm))
     return 0
 
@@ -153,18 +151,13 @@ def _calibrate(args: argparse.Namespace) -> int:
         if not sizes or sizes[0] < 1 or args.tokens < 2 or args.max_rounds < 1:
             raise ValueError
     except ValueError:
-        print("specscope: error: --batch-sizes takes positive integers like 1,8, --tokens at least 2 and "
-              "--max-rounds at least 1", file=sys.stderr)
-        return 2
+        return fail("--batch-sizes takes positive integers like 1,8, --tokens at least 2 and --max-rounds at least 1")
     try:
         engine = _engine_args(args.engine_arg)
     except ValueError as exc:
-        print(f"specscope: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(exc)
     if engine.get("speculative_config"):
-        print("specscope: error: the baseline is the target without speculation; drop speculative_config",
-              file=sys.stderr)
-        return 2
+        return fail("the baseline is the target without speculation; drop speculative_config")
     from dataclasses import replace
 
     from specscope.engine.measure import measure_step_times, stop_engine
@@ -175,25 +168,20 @@ def _calibrate(args: argparse.Namespace) -> int:
         # Every prompt is calibrated with --tokens output tokens (its own max_tokens, or a drawn one, is not run).
         prompts = [replace(p, max_tokens=args.tokens) for p in load_prompts(args.prompts)[0]] if args.prompts else None
     except InputError as exc:
-        print(f"specscope: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(exc)
     try:
         llm = LLM(args.model, **engine)
     except Exception as exc:
-        print(f"specscope: error: the engine did not start: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
+        return fail(f"the engine did not start: {type(exc).__name__}: {exc}")
     workload = None
     if prompts:
         try:
             workload = prepare(prompts, llm.get_tokenizer(), llm.llm_engine.vllm_config.model_config.max_model_len,
                                args.tokens)
         except InputError as exc:
-            print(f"specscope: error: {exc}", file=sys.stderr)
-            return 2
+            return fail(exc)
         if not workload.prompts:
-            print(f"specscope: error: no prompt in {args.prompts} fits max_model_len with --tokens {args.tokens}",
-                  file=sys.stderr)
-            return 2
+            return fail(f"no prompt in {args.prompts} fits max_model_len with --tokens {args.tokens}")
     profile = measure_step_times(llm, sizes, args.tokens, prompts=workload.prompts if workload else None,
                                  max_rounds=args.max_rounds)
     stop_engine(llm)
@@ -215,20 +203,19 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from specscope.core.auth import KEY_WITHHELD
     from specscope.read.report import ReportError, SourceDown, load, render
     from specscope.verdict import load_profile
 
     if args.duration < 0 or args.interval <= 0 or args.window <= 0:
-        print("specscope: error: --duration must be 0 or more, --interval and --window positive", file=sys.stderr)
-        return 2
+        return fail("--duration must be 0 or more, --interval and --window positive")
     from specscope.read.figures import matplotlib_missing
 
     if missing := matplotlib_missing():
-        print(f"specscope: error: {missing}", file=sys.stderr)
-        return 2
+        return fail(missing)
     try:
         baseline = load_profile(args.baseline) if args.baseline else None
-        from specscope.read.tui import key_headers
+        from specscope.core.auth import key_headers
 
         headers: dict[str, str] = {}
         if args.source.startswith(("http://", "https://")):
@@ -237,12 +224,10 @@ def _report(args: argparse.Namespace) -> int:
                    baseline=baseline, headers=headers)
     except SourceDown as exc:
         withheld = args.api_key and not headers and str(exc).endswith("HTTP 401")
-        print(f"specscope: {args.source}: {exc}" + (" (the API key goes only to loopback hosts and to those named "
-                                                    "with --api-key-host)" if withheld else ""), file=sys.stderr)
+        print(f"specscope: {args.source}: {exc}" + (f" ({KEY_WITHHELD})" if withheld else ""), file=sys.stderr)
         return 1
     except (ReportError, ValueError) as exc:
-        print(f"specscope: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(exc)
     page, figures = render(rep)
     try:
         Path(args.out).write_text(page, encoding="utf-8")
@@ -251,8 +236,7 @@ def _report(args: argparse.Namespace) -> int:
             for name, png in figures.items():
                 (Path(args.figures) / f"{name}.png").write_bytes(png)
     except OSError as exc:
-        print(f"specscope: error: cannot write the report: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+        return fail(f"cannot write the report: {exc.strerror or exc}")
     print(f"wrote {args.out} ({len(figures)} plots)")
     return 0
 
@@ -263,8 +247,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     try:
         engine = _engine_args(args.engine_arg)
     except ValueError as exc:
-        print(f"specscope: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(exc)
     return evaluate.main(args, engine)
 
 
@@ -369,7 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--window", type=float, default=30.0, help="window of the acceptance curve (default 30 s)")
     rep.add_argument("--baseline", metavar="FILE", help="step times without speculation (specscope calibrate)")
     rep.add_argument("--figures", metavar="DIR", help="also write each plot as a PNG into DIR")
-    from specscope.read.tui import add_key_arguments
+    from specscope.core.auth import add_key_arguments
 
     add_key_arguments(rep, "the source")
     rep.set_defaults(func=_report)

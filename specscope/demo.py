@@ -104,7 +104,7 @@ class Demo:
         report = compare(target, draft)
         hub = self.hubs[name]
         hub.set_engine(EngineInfo(model=target, draft_model=draft, method="draft_model", num_speculative_tokens=4))
-        hub.tokenizer = report.status()
+        hub.set_tokenizer(report.status())
         self.say(f"1/5 tokenizer check: {report.verdict}; vLLM only compares vocabulary sizes and would run it")
 
     def _engine(self, name: str, family: str, k: int | None, baseline: StepProfile | None = None) -> Any:

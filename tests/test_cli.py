@@ -106,7 +106,7 @@ def test_exports_from_env_start_what_is_asked_and_skip_bad_settings(tmp_path: Pa
     from specscope.state.hub import Hub
 
     hub = Hub()
-    hub.tokenizer = TokenizerStatus("mismatch")
+    hub.set_tokenizer(TokenizerStatus("mismatch"))
     jsonl = tmp_path / "alerts.jsonl"
     started = exports.from_env(hub, {"SPECSCOPE_PROMETHEUS_PORT": "0", "SPECSCOPE_ALERTS": "1",
                                      "SPECSCOPE_ALERTS_JSONL": str(jsonl)})

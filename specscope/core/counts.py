@@ -1,7 +1,7 @@
 """Interval counts, defined once: what engine steps add, summed in one-second buckets and over the lifetime.
 
 :class:`StepStats` is one step; :class:`StepBatch` is consecutive steps of one engine column by column, as
-:mod:`specscope.engine.vllm_reader` reads them from vLLM and as everything here counts them. :class:`StepTimer`
+:mod:`specscope.engine.vllm_stats` reads them from vLLM and as everything here counts them. :class:`StepTimer`
 says how long each step took; :class:`Counts` adds both up for an interval; :class:`Ring` keeps one ``Counts`` per
 second for the sliding window, preallocated so that memory stays flat, and folds each finished second into the
 lifetime. One engine's stream of them is :class:`specscope.state.streams.EngineStream`.
@@ -36,34 +36,14 @@ FIT_TOKENS_PER_REQUEST = 64
 def forward_moments(forwards: Sequence[tuple[int, int, int, float]]) -> list[float]:
     """The sums a least-squares fit of a forward's seconds over ``a + b·requests + c·tokens`` needs, each forward a
     point: n, Σr, Σt, Σr², Σrt, Σt², Σy, Σry, Σty over ``(requests, tokens, count, seconds)`` rows (those of at most
-    :data:`FIT_TOKENS_PER_REQUEST` tokens a request). Sums add and subtract over intervals like every count."""
+    :data:`FIT_TOKENS_PER_REQUEST` tokens a request). Sums add and subtract over intervals like every count, so
+    they are counted here with the rest of an interval (:meth:`Counts.add_forwards`); the fit itself is the
+    verdict's (:func:`specscope.verdict.forward.fit_forward`)."""
     out = [0.0] * 9
     for r, t, c, s in forwards:
         if t <= r * FIT_TOKENS_PER_REQUEST:
             out[:] = map(operator.add, out, (c, c * r, c * t, c * r * r, c * r * t, c * t * t, s, r * s, t * s))
     return out
-
-
-def fit_forward(moments: Sequence[float]) -> tuple[float, float, float] | None:
-    """``(a, per request, per token)`` seconds from :func:`forward_moments`; None where the forwards cannot tell
-    requests from tokens apart (every one ran a token a request: decode steps alone)."""
-    if len(moments) != 9 or moments[0] < 3:
-        return None
-    n, sr, st, srr, srt, stt, sy, sry, sty = moments
-    m = ((n, sr, st), (sr, srr, srt), (st, srt, stt))
-    det = _det(m)
-    scale = n * srr * stt
-    if scale <= 0 or abs(det) < 1e-9 * scale:
-        return None
-    v = (sy, sry, sty)
-    a, b, c = (_det(tuple(tuple(v[i] if j == col else m[i][j] for j in range(3)) for i in range(3))) / det
-               for col in range(3))
-    return a, b, c
-
-
-def _det(m: Sequence[Sequence[float]]) -> float:
-    return (m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1]) - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
-            + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0]))
 
 
 @dataclass(slots=True)

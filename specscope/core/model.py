@@ -428,17 +428,6 @@ class GpuMemory:
         return self.status == "ok"
 
 
-#: vLLM rejection-sampling methods that accept more than exact verification would (no counter tells them apart).
-LOSSY_REJECTION_METHODS = frozenset({"fly"})
-#: Methods whose proposer drafts the K that vLLM's ``num_speculative_tokens_per_batch_size`` schedules. vLLM 0.32
-#: hands every proposer but ``custom_class`` the scheduled K (v1/worker/gpu_model_runner.py:4748), but suffix,
-#: ngram_gpu, medusa and extract_hidden_states assert it is ``num_speculative_tokens`` (v1/spec_decode/
-#: suffix_decoding.py:43, ngram_proposer_gpu.py:340): a range with a lower K fails the engine. n-gram takes any K up
-#: to it (ngram_proposer.py:148), the model-based proposers set it each step (llm_base_proposer.py:532; dspark runs
-#: the EAGLE proposer).
-SCHEDULABLE_METHODS = frozenset({"ngram", "eagle", "eagle3", "mtp", "draft_model", "dflash", "dspark"})
-
-
 @dataclass(frozen=True, slots=True)
 class EngineInfo:
     """What serves the numbers (``server``: vllm, sglang) and which models; the same for every engine of a
@@ -460,7 +449,8 @@ class EngineInfo:
     #: Why :attr:`draft_memory` could not be sized or is an upper bound (a KV cache dtype of unknown size, a
     #: quantized draft LM head); None where it is exact or there is no draft.
     draft_memory_note: str | None = None
-    #: vLLM's ``rejection_sample_method`` where set (0.33: ``fly`` is lossy, see :attr:`lossy_verification`).
+    #: vLLM's ``rejection_sample_method`` where set (0.33: ``fly`` is lossy, see
+    #: :func:`specscope.verdict.vllm_policy.lossy_verification`).
     rejection_sample_method: str | None = None
     #: vLLM's ``data_parallel_size``: above 1, vLLM drops ``num_speculative_tokens_per_batch_size`` and drafts
     #: ``num_speculative_tokens`` at every batch size.
@@ -468,30 +458,6 @@ class EngineInfo:
     #: vLLM's ``enable_adaptive_verification``: the engine sizes each request's verification from the draft's
     #: confidence, up to ``num_speculative_tokens``.
     adaptive_verification: bool = False
-
-    @property
-    def one_k_reason(self) -> str | None:
-        """Why vLLM drafts one K at every batch size here whatever the config asks (a method it keeps no schedule
-        for, or data parallel), why the engine's K is its own (adaptive verification: a schedule would fight it, K
-        is its ceiling), or why a schedule costs its largest K's draft passes at every batch size (a draft model on
-        the V2 runner); None where a per-batch-size schedule costs what its K do."""
-        if self.adaptive_verification:
-            return ("vLLM sizes each request's verification itself (enable_adaptive_verification), up to "
-                    "num_speculative_tokens: a per-batch-size schedule would fight it")
-        if self.method is not None and self.method not in SCHEDULABLE_METHODS:
-            return f"vLLM keeps no per-batch-size schedule for method {self.method}"
-        if self.data_parallel_size is not None and self.data_parallel_size > 1:
-            return f"vLLM drops a per-batch-size schedule under data parallel (size {self.data_parallel_size})"
-        if self.method == "draft_model" and self.setup is not None and self.setup.model_runner == "v2":
-            return ("vLLM's V2 model runner drafts num_speculative_tokens passes on every step for a draft model, "
-                    "whatever K the schedule gives the step")
-        return None
-
-    @property
-    def lossy_verification(self) -> bool:
-        """True where verification accepts some tokens the target would not have sampled (vLLM 0.33's ``fly``):
-        acceptance then counts loose accepts, and is not comparable with exact verification's."""
-        return self.rejection_sample_method in LOSSY_REJECTION_METHODS
 
     def k_at(self, batch_size: int) -> int | None:
         """The K this engine drafts at ``batch_size`` (the schedule's where one is set)."""
@@ -702,7 +668,7 @@ class PositionAcceptance:
         return tuple(acc.acceptance_rate(a, d) for a, d in zip(self.accepted, self.draft_tokens, strict=True))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class Snapshot:
     """Everything specscope knows at one instant; cheap to make, safe to share between threads."""
 
@@ -753,10 +719,6 @@ class Snapshot:
     folded_classes: int = 0
     #: The opt-in capture of traffic as training data, where it is on (counts only).
     capture: CaptureStatus | None = None
-    #: What has been derived from this snapshot (the verdict by batch size), kept with it so that every reader of
-    #: one snapshot (exporters, alert rules, the dashboard's panels) computes it once. Not part of the snapshot's
-    #: value: not compared, not encoded, and a ``replace`` starts empty.
-    derived: dict[Any, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def known(self, what: str, value: Any) -> Any:
         """``value``, or None where the source cannot provide ``what`` (it is in :attr:`unavailable`)."""

@@ -214,7 +214,7 @@ def record_verdict(target: str, draft: str, hub: Any) -> None:
     except Exception as exc:
         hub.health.count_error("tokenizer check", exc)  # logged once there
         return
-    hub.tokenizer = report.status()
+    hub.set_tokenizer(report.status())
     if report.verdict == "mismatch":
         log.warning("specscope: the draft's tokenizer does not match the target's: %s", "; ".join(report.reasons))
     elif report.verdict == "warning":

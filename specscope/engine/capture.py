@@ -57,6 +57,7 @@ import secrets
 import stat
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -106,6 +107,8 @@ _FILE = re.compile(r"capture-.*\.jsonl")
 #: Captures running in this process: the output-processor hook keeps token lists only while one is.
 active = 0
 _active_lock = threading.Lock()
+#: Each hub's capture: the last one started for it (closed or not).
+_ATTACHED: weakref.WeakKeyDictionary[Hub, Capture] = weakref.WeakKeyDictionary()
 #: Chat bodies the output-processor hook let go with their requests' other notes, past :data:`MAX_HELD` requests in
 #: flight (this process); a capture counts those since its start as dropped behind.
 pushed_out = 0
@@ -269,9 +272,14 @@ class _ShortWrite(OSError):
     """A write that took only part of its line (a full disk, a file size limit)."""
 
 
+def attached(hub: Hub) -> Capture | None:
+    """The capture last started for ``hub`` (closed or not); None where none was."""
+    return _ATTACHED.get(hub)
+
+
 class Capture:
     """Writes the chosen finished requests of ``hub``'s engine as training rows (see the module docstring); it is
-    the hub's capture (``hub.capture``) from its start, in place of any earlier one.
+    the hub's capture (:func:`attached`) from its start, in place of any earlier one.
 
     :meth:`hold` is called on vLLM's path with each finished request's :class:`Payload`; the hub's record of the
     same request reaches :meth:`_on_record` on the hub's listener thread, which chooses, and the writer thread
@@ -305,9 +313,11 @@ class Capture:
         self._stem = f"capture-{os.getpid()}-{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(4)}"
         self._index = 0
         self._thread: threading.Thread | None = None
-        if hub.capture is not None:
-            hub.capture.close()
-        hub.capture = self
+        earlier = _ATTACHED.get(hub)
+        if earlier is not None:
+            earlier.close()
+        _ATTACHED[hub] = self
+        hub.set_capture(self.status)
         if stopped is not None:
             log.warning("specscope: capture is off: %s", stopped)
             return

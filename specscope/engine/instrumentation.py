@@ -32,7 +32,7 @@ from typing import Any
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
 from specscope.engine import vllm_hook
-from specscope.engine.vllm_reader import SUPPORTED_VLLM
+from specscope.engine.vllm_stats import SUPPORTED_VLLM
 
 log = logging.getLogger("specscope")
 

@@ -35,7 +35,8 @@ from urllib.parse import parse_qs
 
 from specscope.core import auth, classes
 from specscope.core.codec import encode
-from specscope.engine import vllm_hook, vllm_reader
+from specscope.engine import vllm_hook, vllm_stats
+from specscope.engine.capture import attached
 from specscope.state.hub import Hub, default_hub
 
 Scope = MutableMapping[str, Any]
@@ -166,7 +167,7 @@ class SpecscopeMiddleware:
         cls, client = self._traffic_class(scope)
         token = vllm_hook.TRAFFIC_CLASS.set(cls)  # the hook notes it as vLLM adds the request, in this context
         claimed = vllm_hook.CLIENT_CLASS.set(client)
-        capturing = path == "/v1/chat/completions" and self.hub.capture is not None and self.hub.capture.running
+        capturing = path == "/v1/chat/completions" and (cap := attached(self.hub)) is not None and cap.running
         body = _Body(receive) if capturing else None  # the messages, for the capture: read on its thread, not here
         noted = vllm_hook.MESSAGES.set(body) if body is not None else None
         if body is not None:
@@ -224,8 +225,8 @@ class SpecscopeMiddleware:
     def _record(self, response_id: str, body: dict[str, Any], cls: str | None) -> None:
         # vLLM's engine sees "<id>-0" for the first prompt of a completion, "<id>" for a chat completion.
         rid = next((c for c in (response_id, f"{response_id}-0") if self.hub.requests.has(c)), response_id)
-        self.hub.requests.record(rid, **vllm_reader.response_fields(body), traffic_class=cls)
-        steps = vllm_reader.per_step_counts((body.get("metrics") or {}).get("speculative_decoding"))
+        self.hub.requests.record(rid, **vllm_stats.response_fields(body), traffic_class=cls)
+        steps = vllm_stats.per_step_counts((body.get("metrics") or {}).get("speculative_decoding"))
         if steps is not None:
             self.hub.requests.record_positions(*steps)
 

@@ -296,7 +296,7 @@ def join(hub: Hub, rank: int, processes: int) -> Callable[[str], bool] | None:
     that hold 1 of ``processes`` (``Snapshot.server_processes``), and every export role with process 0 alone."""
     if processes <= 1 and not os.environ.get("SPECSCOPE_SHARE_DIR"):
         return None
-    hub.server_processes = max(1, processes)
+    hub.set_server_processes(processes)
     try:
         share = ProcessShare(hub, rank, processes=processes if processes > 1 else None)
     except OSError as exc:

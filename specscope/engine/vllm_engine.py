@@ -14,7 +14,7 @@ from typing import Any
 from vllm.v1.engine.async_llm import AsyncLLM as _VllmAsyncLLM
 
 from specscope.core import classes
-from specscope.engine import gpu_source, vllm_hook, vllm_reader
+from specscope.engine import gpu_source, vllm_hook, vllm_stats
 from specscope.engine.vllm_logger import SpecscopeStatLogger
 from specscope.state.hub import Hub, default_hub
 
@@ -53,7 +53,7 @@ def _record_output(hub: Hub, output: Any) -> None:
     """Record a finished output; never raises into the engine's loop."""
     try:
         if output.finished:
-            fields = vllm_reader.output_fields(output)
+            fields = vllm_stats.output_fields(output)
             operation, cls = vllm_hook.OPERATION.get(), vllm_hook.TRAFFIC_CLASS.get()
             if operation:
                 fields["operation"] = operation
@@ -61,7 +61,7 @@ def _record_output(hub: Hub, output: Any) -> None:
                 fields["traffic_class"] = cls
             hub.requests.record(str(output.request_id), **fields)
             for completion in getattr(output, "outputs", None) or ():
-                steps = vllm_reader.per_step_counts(getattr(completion, "spec_decode_metrics", None))
+                steps = vllm_stats.per_step_counts(getattr(completion, "spec_decode_metrics", None))
                 if steps is not None:
                     hub.requests.record_positions(*steps)
     except Exception as exc:

@@ -18,8 +18,20 @@ from typing import Any, NamedTuple
 from vllm.v1.metrics.loggers import AggregateStatLoggerBase
 
 from specscope.core.counts import StepBatch
-from specscope.engine import capture, forward_timer, vllm_hook, vllm_reader
+from specscope.engine import capture, forward_timer, vllm_hook, vllm_stats
 from specscope.engine.capture import Capture, CaptureConfig, CaptureError
+from specscope.engine.vllm_config import (
+    api_server,
+    cost_ratio,
+    decode_tokens,
+    draft_tokenizers,
+    engine_info,
+    engine_version,
+    model_name,
+    per_request_metrics_off,
+    speculative_config,
+    token_budget,
+)
 from specscope.state.hub import Hub, default_hub
 from specscope.state.request_log import PENDING_TIMEOUT_S
 
@@ -62,7 +74,7 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
         mine = self.hub.claim(vllm_config)
         if not mine:  # e.g. the plugin on a second engine in one process: kept out, in a hub nothing reads
             log.info("specscope: the stat logger's hub holds another engine's numbers; %s is not recorded there",
-                     getattr(getattr(vllm_config, "model_config", None), "model", "this engine"))
+                     model_name(vllm_config, "this engine"))
             self.hub = Hub()
         self.vllm_config = vllm_config
         self._clock = self.hub.clock
@@ -70,31 +82,25 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
         self._flushing = threading.Lock()
         self.hub.add_pending_source(self.flush)
         self.engine_indexes = list(engine_indexes or [0])
-        par = getattr(vllm_config, "parallel_config", None)
-        where = forward_timer.named() if not getattr(par, "_api_process_rank", 0) else None
+        where = forward_timer.named() if not api_server(vllm_config)[0] else None
         #: Where the engines' forward times are read (None: nowhere), by one API-server process (its snapshots reach
         #: the others); kept when the engine moves to another hub (:func:`~.vllm_engine.instrument`).
         self.forwards = forward_timer.ForwardDeltas(where) if where is not None else None
-        spec = getattr(vllm_config, "speculative_config", None)
         #: The most tokens a request runs in a decode forward (K + 1): forwards with more ran a prompt.
-        self._decode_tokens = 1 + int(getattr(spec, "num_speculative_tokens", 0) or 0)
+        self._decode_tokens = decode_tokens(vllm_config)
         self._hook_failures = vllm_hook.failures
-        self._split: dict[int, vllm_reader.SplitSteps] = {}
+        self._split: dict[int, vllm_stats.SplitSteps] = {}
         if vllm_hook.install():
             self.hub.requests.expect_parts(1)  # the engine's own records are complete
         try:
-            self.hub.set_engine(vllm_reader.engine_info(vllm_config))
-            self.hub.cost_ratio = vllm_reader.cost_ratio(vllm_config)
+            self.hub.set_engine(engine_info(vllm_config))
+            self.hub.set_cost_ratio(cost_ratio(vllm_config))
             baseline = os.environ.get("SPECSCOPE_BASELINE")
             if baseline and type(self).bound_hub is None:
                 from specscope.verdict import load_profile
 
                 self.hub.set_baseline(load_profile(baseline))
-            obs = getattr(vllm_config, "observability_config", None)
-            if (
-                getattr(vllm_config, "speculative_config", None) is not None
-                and getattr(obs, "per_request_spec_decode_metrics", "none") == "none"
-            ):
+            if per_request_metrics_off(vllm_config):
                 log.warning(
                     "specscope: per-request acceptance is off; start vLLM with "
                     "--per-request-spec-decode-metrics summary to record it"
@@ -168,12 +174,12 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
         try:
             parts = []
             for now, engine, _, it, operation in [row for row in rows if row.operation is not _NOT_FINISHED]:
-                for fin in vllm_reader.finished_requests(it):
+                for fin in vllm_stats.finished_requests(it):
                     fin.fields["engine"] = engine
                     if operation:
                         fin.fields["operation"] = operation
-                    if fin.payload is not None and hub.capture is not None:
-                        hub.capture.hold(fin.request_id, fin.payload)
+                    if fin.payload is not None and (held := capture.attached(hub)) is not None:
+                        held.hold(fin.request_id, fin.payload)
                     parts.append((now, fin.request_id, fin.fields, fin.per_step))
             if parts:
                 hub.requests.record_finished(parts)
@@ -188,7 +194,7 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
             except Exception as exc:
                 hub.health.count_error("stat logger step", exc)
         if missing:
-            hub.health.count_missing(missing, vllm_reader.unavailable(missing))
+            hub.health.count_missing(missing, vllm_stats.unavailable(missing))
         if vllm_hook.failures != self._hook_failures:
             self._hook_failures = vllm_hook.failures
             hub.health.count_error("request hook", RuntimeError("vLLM's request state changed shape"))
@@ -196,36 +202,33 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
     def _read(self, rows: list[_Kept], missing: list[str]) -> StepBatch:
         """The steps of ``rows`` (one engine's); a step vLLM filled in a way this reader cannot read costs that step
         alone. With several API-server processes each holds only its own requests' part of a step, read step after
-        step by the engine's :class:`~.vllm_reader.SplitSteps`."""
+        step by the engine's :class:`~.vllm_stats.SplitSteps`."""
         split = self._split_steps(rows[0].engine) if self.hub.server_processes > 1 else None
         try:
-            return vllm_reader.read_steps([r.time for r in rows], [r.scheduler for r in rows],
-                                          [r.iteration for r in rows], missing, split)
+            return vllm_stats.read_steps([r.time for r in rows], [r.scheduler for r in rows],
+                                         [r.iteration for r in rows], missing, split)
         except Exception:
             readable = []
             for row in rows:
                 try:  # only whether it reads: without ``split``, whose state each read carries on
-                    vllm_reader.read_steps([row.time], [row.scheduler], [row.iteration])
+                    vllm_stats.read_steps([row.time], [row.scheduler], [row.iteration])
                     readable.append(row)
                 except Exception as exc:
                     self.hub.health.count_error("stat logger step", exc)
-            return vllm_reader.read_steps([r.time for r in readable], [r.scheduler for r in readable],
-                                          [r.iteration for r in readable], missing, split)
+            return vllm_stats.read_steps([r.time for r in readable], [r.scheduler for r in readable],
+                                         [r.iteration for r in readable], missing, split)
 
-    def _split_steps(self, engine: int) -> vllm_reader.SplitSteps:
+    def _split_steps(self, engine: int) -> vllm_stats.SplitSteps:
         """The engine's reader of split steps, made on its first (the scheduler's token budget from the config)."""
         split = self._split.get(engine)
         if split is None:
-            sched = getattr(self.vllm_config, "scheduler_config", None)
-            split = self._split[engine] = vllm_reader.SplitSteps(
-                int(getattr(sched, "max_num_batched_tokens", 0) or 0),
-                int(getattr(sched, "long_prefill_token_threshold", 0) or 0))
+            split = self._split[engine] = vllm_stats.SplitSteps(*token_budget(self.vllm_config))
         return split
 
     def log_engine_initialized(self) -> None:
         """Re-read the configuration: the KV block count is known once the engine is up."""
         try:
-            self.hub.set_engine(vllm_reader.engine_info(self.vllm_config))
+            self.hub.set_engine(engine_info(self.vllm_config))
         except Exception as exc:
             self.hub.health.count_error("stat logger init", exc)
 
@@ -236,7 +239,7 @@ def _check_version_once() -> None:
     if _version_checked:
         return
     _version_checked = True
-    warning = vllm_reader.version_warning(vllm_reader.engine_version())
+    warning = vllm_stats.version_warning(engine_version())
     if warning:
         log.warning("specscope: %s", warning)
 
@@ -244,17 +247,13 @@ def _check_version_once() -> None:
 def _check_tokenizers_in_background(hub: Hub, vllm_config: Any) -> None:
     """Compare the target's and the draft's tokenizers as the engine loaded them (names or directories), off the
     engine's path; the verdict goes to the hub (and the alert rules). Skipped when the hub has one already."""
-    spec = getattr(vllm_config, "speculative_config", None)
-    if spec is None or getattr(spec, "method", None) != "draft_model" or hub.tokenizer is not None:
-        return
-    target = getattr(getattr(vllm_config, "model_config", None), "tokenizer", None)
-    draft = getattr(getattr(spec, "draft_model_config", None), "tokenizer", None)
-    if not target or not draft:
+    tokenizers = draft_tokenizers(vllm_config)
+    if tokenizers is None or hub.tokenizer is not None:
         return
 
     from specscope.core.tokenizer_check import record_verdict
 
-    threading.Thread(target=record_verdict, args=(str(target), str(draft), hub), name="specscope-tokenizer-check",
+    threading.Thread(target=record_verdict, args=(*tokenizers, hub), name="specscope-tokenizer-check",
                      daemon=True).start()
 
 
@@ -266,9 +265,8 @@ def _share_once(hub: Hub, vllm_config: Any) -> None:
     _shared = True
     from specscope.engine import share
 
-    par = getattr(vllm_config, "parallel_config", None)
-    _lead = share.join(hub, max(0, int(getattr(par, "_api_process_rank", 0) or 0)),
-                       int(getattr(par, "_api_process_count", 1) or 1))
+    rank, count = api_server(vllm_config)
+    _lead = share.join(hub, max(0, rank), count)
 
 
 def start_capture(hub: Hub, config: CaptureConfig, vllm_config: Any) -> Capture:
@@ -276,16 +274,16 @@ def start_capture(hub: Hub, config: CaptureConfig, vllm_config: Any) -> Capture:
     line
     why not: lossy verification, or vLLM's output processor not hooked (``SPECSCOPE_HOOK=off``). CaptureError for a
     directory that is not private."""
-    stopped = capture.refusal(getattr(vllm_config, "speculative_config", None))
+    stopped = capture.refusal(speculative_config(vllm_config))
     if stopped is None and not vllm_hook.installed():
         stopped = "vLLM's output processor is not hooked (SPECSCOPE_HOOK=off?): no completion reaches specscope"
-    return capture.Capture(config, hub, vllm_reader.engine_info(vllm_config).model, stopped)
+    return capture.Capture(config, hub, engine_info(vllm_config).model, stopped)
 
 
 def _capture_once(hub: Hub, vllm_config: Any) -> None:
     """Capture the traffic ``SPECSCOPE_CAPTURE_*`` chooses as training rows (:mod:`specscope.engine.capture`), once per
     process; a setting that cannot be used is said in one line, and the server runs without capture."""
-    if hub.capture is not None:
+    if capture.attached(hub) is not None:
         return
     try:
         config = CaptureConfig.from_env()

@@ -20,7 +20,7 @@ from vllm.v1.engine.async_llm import AsyncLLM as _VllmAsyncLLM
 
 from specscope.core.model import Snapshot, StepProfile
 from specscope.engine import forward_timer, vllm_hook
-from specscope.engine.capture import CaptureConfig, chat_messages
+from specscope.engine.capture import CaptureConfig, attached, chat_messages
 from specscope.engine.vllm_engine import (
     check_tokenizers,
     engine_hub,
@@ -80,7 +80,7 @@ class LLM(vllm.LLM):
         """``vllm.LLM.chat``; its requests are recorded as GenAI ``chat`` operations (of ``specscope_class``)."""
         token = vllm_hook.OPERATION.set("chat")
         noted = vllm_hook.MESSAGES.set(_conversations(args[0] if args else kwargs.get("messages"))
-                                       if self.specscope.capture is not None else None)
+                                       if attached(self.specscope) is not None else None)
         try:
             with traffic_class(specscope_class):
                 return super().chat(*args, **kwargs)

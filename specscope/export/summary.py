@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from specscope.core.model import RequestRecord, Snapshot, Totals
-from specscope.verdict import by_batch_line, by_batch_size, estimate, schedule_text, traffic_speedup
+from specscope.verdict import by_batch_line, by_batch_size, estimate, explain, schedule_text, traffic_speedup
+from specscope.verdict.vllm_policy import lossy_verification
 
 
 def _num(v: float | None, fmt: str = ".2f", none: str = "n/a") -> str:
@@ -53,7 +54,7 @@ def summary(snap: Snapshot) -> str:
         + (f"  runner {e.setup.model_runner}" if e.setup and e.setup.model_runner else ""),
         f"spec     method {e.method or 'none'}  draft {e.draft_model or '-'}  K {e.num_speculative_tokens or '-'}"
         + (f"  verification {e.rejection_sample_method} (lossy: acceptance counts loose accepts; not comparable "
-           "with exact verification)" if e.lossy_verification else ""),
+           "with exact verification)" if lossy_verification(e) else ""),
     ]
     part = part_line(snap)
     if part:
@@ -68,7 +69,7 @@ def summary(snap: Snapshot) -> str:
         lines.append(f"traffic  {traffic.explain()}")
     est = estimate(snap)
     if est is not None:
-        lines.append(f"speedup  {est.explain()}")
+        lines.append(f"speedup  {explain(est)}")
         per_batch = by_batch_line(by_batch_size(snap))
         if per_batch:
             lines.append(f"         {per_batch}")

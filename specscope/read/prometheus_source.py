@@ -18,6 +18,7 @@ import time
 import urllib.parse
 from typing import Any
 
+from specscope.core.auth import base_url
 from specscope.core.model import Snapshot
 from specscope.export.alerts.recording import duration
 from specscope.read.promtext import Samples
@@ -29,7 +30,6 @@ from specscope.read.scrape import (
     VLLM_SERIES,
     SourceError,
     as_vllm,
-    base_url,
     http_get,
     specscope_snapshot,
     vllm_snapshot,

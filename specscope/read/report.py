@@ -103,7 +103,7 @@ def _from_text(source: str, text: str, window_s: float) -> Report:
 
 def _from_endpoint(url: str, window_s: float, duration_s: float, interval_s: float,
                    headers: dict[str, str]) -> Report:
-    from specscope.read.scrape import EndpointSource, SourceError
+    from specscope.read.scrape import EndpointSource, NotAnEndpoint, SourceError
 
     src = EndpointSource(url, headers=headers)
     series: list[Snapshot] = []
@@ -111,6 +111,9 @@ def _from_endpoint(url: str, window_s: float, duration_s: float, interval_s: flo
     while True:
         try:
             series.append(src.fetch())
+        except NotAnEndpoint as exc:
+            if not series:  # another kind of server (vLLM's root): bad input, not a server down
+                raise ReportError(str(exc)) from None
         except SourceError as exc:
             if not series:
                 raise SourceDown(str(exc)) from None

@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Protocol, runtime_checkable
 
 from specscope.core import codec
-from specscope.core.auth import read_url
+from specscope.core.auth import base_url, read_url
 from specscope.core.model import (
     EngineInfo,
     EngineView,
@@ -52,6 +52,11 @@ class SourceError(Exception):
     """A target could not be read; the message is one line for the screen."""
 
 
+class NotAnEndpoint(SourceError):
+    """The URL's server answers, but it is not a specscope endpoint: the line says what it is, and the URL or flag
+    that reads it (bad input, where a command is told the URL)."""
+
+
 class Source(Protocol):
     """Something a dashboard can poll for snapshots."""
 
@@ -83,12 +88,6 @@ def http_get(url: str, timeout: float, headers: dict[str, str] | None = None, da
         raise SourceError(f"{url}: {reason}") from None
 
 
-def base_url(url: str) -> str:
-    if not url.startswith(("http://", "https://")):
-        url = "http://" + url
-    return url.rstrip("/")
-
-
 class EndpointSource:
     """A specscope endpoint (``specscope.LLM`` exports, the plugin, or the middleware).
 
@@ -102,9 +101,14 @@ class EndpointSource:
                  headers: dict[str, str] | None = None) -> None:
         base = base_url(url)
         self.url = base if base.endswith("/snapshot") else base + "/snapshot"
-        self.name = name or base.removesuffix("/snapshot").removesuffix("/specscope")
+        self.root = base.removesuffix("/snapshot").removesuffix("/specscope")
+        self.name = name or self.root
         self.timeout = timeout
         self.headers = headers or {}
+        #: What the server is instead of a specscope endpoint (the :class:`NotAnEndpoint` line), as the last fetch
+        #: found it; None while the URL reads as one, or its 404 says nothing more.
+        self.not_an_endpoint: str | None = None
+        self._asked_at = -PROBE_EVERY_S
         self._requests: deque[RequestRecord] = deque(maxlen=max_requests)
         self._cursor: int | None = None
         self._started: float | None = None
@@ -127,12 +131,57 @@ class EndpointSource:
 
     def _fetch(self, since: int | None) -> tuple[bool, Snapshot]:
         url = self.url if since is None else f"{self.url}?since={since}"
-        text = http_get(url, self.timeout, self.headers)
+        try:
+            text = http_get(url, self.timeout, self.headers)
+        except SourceError as exc:
+            if str(exc).endswith("HTTP 404") and self._what_answers():
+                raise NotAnEndpoint(self.not_an_endpoint) from None
+            raise
+        self.not_an_endpoint, self._asked_at = None, -PROBE_EVERY_S
         try:
             doc = json.loads(text)
             return isinstance(doc, dict) and "requests_since" in doc, codec.from_dict(doc)
         except ValueError as exc:
             raise SourceError(f"{self.url}: not a specscope snapshot ({str(exc)[:80]})") from None
+
+    def _what_answers(self) -> str | None:
+        """:attr:`not_an_endpoint` where the URL answered 404: asked of the server once (then every
+        :data:`PROBE_EVERY_S` seconds while the 404s go on), never while the URL reads as an endpoint."""
+        if time.monotonic() - self._asked_at >= PROBE_EVERY_S:
+            self._asked_at = time.monotonic()
+            self.not_an_endpoint = vllm_instead(self.root, self.url, self.timeout, self.headers)
+        return self.not_an_endpoint
+
+
+#: A ``?since=`` above every record's ``final_seq``: the snapshot's head alone, for a probe.
+_NO_RECORDS = 2**63 - 1
+
+
+def vllm_instead(root: str, asked: str, timeout: float, headers: dict[str, str] | None = None) -> str | None:
+    """Where ``asked`` (a ``/snapshot`` URL on ``root``) answered 404: one line saying that ``root`` is a vLLM server,
+    and what reads it: specscope's snapshot at ``root/specscope`` (the middleware's :data:`SNAPSHOT_PATH`), or
+    ``--vllm`` for vLLM's own /metrics where that path is 404 too. One GET of vLLM's ``/version`` and, for a vLLM
+    server, one of that path (its head only), both with ``headers``; None for any other server, or no answer."""
+    try:
+        doc = json.loads(http_get(root + "/version", timeout, headers))
+    except Exception:  # no answer, not JSON, a URL urllib cannot take: not known to be vLLM
+        return None
+    if not (isinstance(doc, dict) and isinstance(doc.get("version"), str)):
+        return None
+    served = root + SNAPSHOT_PATH
+    absent = asked == served
+    if not absent:
+        try:
+            http_get(f"{served}?since={_NO_RECORDS}", timeout, headers)
+        except SourceError as exc:
+            absent = str(exc).endswith("HTTP 404")  # any other answer, 401 included, means it is served
+        except Exception:
+            pass
+    own = f"--vllm {root} reads vLLM's own /metrics"
+    if absent:
+        return f"{root} is a vLLM server without specscope ({SNAPSHOT_PATH}: 404): {own}"
+    endpoint = root + SNAPSHOT_PATH.removesuffix("/snapshot")
+    return f"{root} is a vLLM server: specscope's snapshot is at {endpoint} ({own})"
 
 
 class MetricsSource:

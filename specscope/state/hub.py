@@ -7,7 +7,7 @@ data-parallel server are one). The steps are kept per engine of a data-parallel 
 (:class:`~specscope.state.streams.EngineStreams`), the requests in a
 :class:`~specscope.state.request_store.RequestStore`;
 beside them are the hub's health (:class:`~specscope.core.health.HealthLog`), its
-:class:`~specscope.verdict.baseline.Baseline` and its GPU poller. Memory is bounded: lifetime totals are counters,
+:class:`~specscope.state.baseline.Baseline` and its GPU poller. Memory is bounded: lifetime totals are counters,
 windows are rings of one-second buckets, and only the last ``max_requests`` request records are kept.
 """
 
@@ -18,20 +18,27 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Protocol
 
 from specscope.core import classes
 from specscope.core.counts import StepBatch, StepStats
 from specscope.core.health import HealthLog
-from specscope.core.model import CostRatio, EngineInfo, Snapshot, StepProfile, TokenizerStatus
+from specscope.core.model import CaptureStatus, CostRatio, EngineInfo, Snapshot, StepProfile, TokenizerStatus
 from specscope.state.background import Flushers, GpuPoller, GpuSource, Listener
+from specscope.state.baseline import Baseline
 from specscope.state.merge import combine_kv, merge, sum_known
 from specscope.state.request_log import RequestLog
 from specscope.state.request_store import RequestStore
 from specscope.state.streams import EngineStreams
-from specscope.verdict import Baseline
 
-__all__ = ["GpuSource", "Hub", "Listener", "StepStats", "default_hub"]
+__all__ = ["GpuSource", "Hub", "Listener", "SharedSnapshots", "StepStats", "default_hub"]
+
+
+class SharedSnapshots(Protocol):
+    """The other API-server processes of this server (:class:`specscope.engine.share.ProcessShare`)."""
+
+    def others(self) -> list[Snapshot]:
+        """Their last published snapshots."""
 
 
 class Hub:
@@ -50,18 +57,11 @@ class Hub:
         self._started = self._window_start = clock()
         self._engine = EngineInfo()
         self._recorded: Callable[[], object | None] | None = None  # the engine whose numbers these are (its config)
-        #: The start-up tokenizer check's verdict, if one ran.
-        self.tokenizer: TokenizerStatus | None = None
-        #: c estimated from the models' configs (the speedup estimate's c without a baseline), if known.
-        self.cost_ratio: CostRatio | None = None
-        self._share: Any = None
-        #: The opt-in capture of this engine's traffic as training data (a :class:`specscope.engine.capture.Capture`,
-        #: which
-        #: knows the hub; the hub does not import it), if on.
-        self.capture: Any = None
-        #: The server's API-server processes (:func:`specscope.engine.share.join`), whether or not their numbers are
-        #: shared.
-        self.server_processes = 1
+        self._tokenizer: TokenizerStatus | None = None
+        self._cost_ratio: CostRatio | None = None
+        self._share: SharedSnapshots | None = None
+        self._capture: Callable[[], CaptureStatus] | None = None
+        self._server_processes = 1
         #: Where specscope's own failures are counted (``hub.health.count_error``); shown in every snapshot.
         self.health = HealthLog()
         self._pending = Flushers(self.health)
@@ -103,7 +103,7 @@ class Hub:
 
     def set_baseline(self, profile: StepProfile | None) -> None:
         """Give the same target's step times without speculation, which turn live step times into a measured c
-        (see :class:`~specscope.baseline.Baseline`: one from another setup is not used, and ``baseline_problem``
+        (see :class:`~specscope.state.baseline.Baseline`: one from another setup is not used, and ``baseline_problem``
         says why)."""
         self._baseline.set(profile, self._engine.setup)
 
@@ -145,9 +145,43 @@ class Hub:
         an existing name replaces it."""
         self._gpu.add(name, source)
 
-    def attach_share(self, share: Any) -> None:
+    def attach_share(self, share: SharedSnapshots) -> None:
         """Merge the snapshots other API-server processes of this server publish (:mod:`specscope.engine.share`)."""
         self._share = share
+
+    # The slots below are each written by one writer, named in its setter; every reader sees them in the snapshot.
+    @property
+    def tokenizer(self) -> TokenizerStatus | None:
+        """The start-up tokenizer check's verdict, if one ran."""
+        return self._tokenizer
+
+    def set_tokenizer(self, status: TokenizerStatus | None) -> None:
+        """Written by the start-up tokenizer check (:func:`specscope.core.tokenizer_check.record_verdict`)."""
+        self._tokenizer = status
+
+    @property
+    def cost_ratio(self) -> CostRatio | None:
+        """c estimated from the models' configs (the speedup estimate's c without a baseline), if known."""
+        return self._cost_ratio
+
+    def set_cost_ratio(self, ratio: CostRatio | None) -> None:
+        """Written by the stat logger from the loaded configs (:func:`specscope.engine.vllm_config.cost_ratio`), or
+        given by a user or test."""
+        self._cost_ratio = ratio
+
+    @property
+    def server_processes(self) -> int:
+        """The server's API-server processes, whether or not their numbers are shared."""
+        return self._server_processes
+
+    def set_server_processes(self, processes: int) -> None:
+        """Written by :func:`specscope.engine.share.join` as vLLM starts this process."""
+        self._server_processes = max(1, processes)
+
+    def set_capture(self, status: Callable[[], CaptureStatus] | None) -> None:
+        """The opt-in capture of this engine's traffic (:class:`specscope.engine.capture.Capture`, which attaches
+        itself as it starts and detaches as it closes): the hub reads only its status, into every snapshot."""
+        self._capture = status
 
     # ----------------------------------------------------------------- writers (engine path)
     def record_step(self, s: StepStats, engine_index: int = 0) -> None:
@@ -214,17 +248,17 @@ class Hub:
             waiting=sum_known(e.waiting for e in engines),
             kv=combine_kv(info, engines),
             gpu=gpu,
-            tokenizer=self.tokenizer,
-            cost_ratio=self.cost_ratio,
+            tokenizer=self._tokenizer,
+            cost_ratio=self._cost_ratio,
             baseline=baseline,
             baseline_problem=baseline_problem,
             decode_batch=streams.window.step_times.busiest() or next((e.decode_batch for e in engines
                                                                       if e.decode_batch), None),
             health=health,
             engines=engines,
-            server_processes=self.server_processes,
+            server_processes=self._server_processes,
             unavailable=unavailable,
-            capture=self.capture.status() if self.capture is not None else None,
+            capture=self._capture() if self._capture is not None else None,
             **self.requests.snapshot_fields(now - window_len, info.num_speculative_tokens is not None),
         )
 

@@ -14,13 +14,13 @@ def split_by_acceptance(llm: Any, candidates: Sequence[str], tokens: int = 48, e
     have no domains, so the prompts are told apart by what the draft does with them."""
     from vllm import SamplingParams
 
-    from specscope.engine import vllm_reader
+    from specscope.engine import vllm_stats
 
     outputs = llm.generate(list(candidates), SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True),
                            use_tqdm=False)
     counts = []
     for out in outputs:
-        steps = vllm_reader.per_step_counts(out.outputs[0].spec_decode_metrics)
+        steps = vllm_stats.per_step_counts(out.outputs[0].spec_decode_metrics)
         counts.append((sum(steps[0]), sum(steps[1])) if steps and sum(steps[1]) else (0, 1))
     order = sorted(range(len(candidates)), key=lambda i: counts[i][0] / counts[i][1])
     best, accepted, drafted = order[-easy:], 0, 0

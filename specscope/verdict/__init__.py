@@ -23,7 +23,6 @@ Each estimate says which.
 """
 
 from specscope.verdict.baseline import (
-    Baseline,
     baseline_problem,
     load_profile,
     merge_profiles,
@@ -38,6 +37,7 @@ from specscope.verdict.cost import (
     measured_cost,
     verify_cost,
 )
+from specscope.verdict.prose import by_batch_line, explain
 from specscope.verdict.schedule import (
     KChoice,
     config_text,
@@ -53,7 +53,6 @@ from specscope.verdict.speedup import (
     LOSSY_CAVEAT,
     MIN_TABLE_STEPS,
     SpeedupEstimate,
-    by_batch_line,
     by_batch_size,
     class_speedup,
     estimate,
@@ -62,10 +61,11 @@ from specscope.verdict.speedup import (
 from specscope.verdict.traffic import TrafficSpeedup, traffic_speedup
 
 __all__ = [
-    "ASSUMED_VERIFY_COST", "LOSSY_CAVEAT", "MIN_STEPS", "MIN_TABLE_STEPS", "Baseline", "KChoice", "SpeedupEstimate",
+    "ASSUMED_VERIFY_COST", "LOSSY_CAVEAT", "MIN_STEPS", "MIN_TABLE_STEPS", "KChoice", "SpeedupEstimate",
     "TrafficSpeedup",
     "baseline_problem", "by_batch_line", "by_batch_size", "class_speedup", "config_text", "cost_ratio_from_sizes",
-    "estimate", "k0_decode", "k_ranges", "k_schedule", "k_table", "load_profile", "measured_cost", "merge_profiles",
+    "estimate", "explain", "k0_decode", "k_ranges", "k_schedule", "k_table", "load_profile", "measured_cost",
+    "merge_profiles",
     "monotone_between", "recommended_config", "save_profile", "schedule_config", "schedule_text", "traffic_speedup",
     "usable_baseline", "verify_cost", "with_baseline",
 ]

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 import math
-import threading
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -19,8 +17,6 @@ from specscope.core.model import (
     StepProfile,
     StepTime,
 )
-
-log = logging.getLogger("specscope")
 
 #: The most rounds ``specscope calibrate`` times by default: more than the first three only while they disagree
 #: (:func:`specscope.engine.measure.measure_step_times`'s ``max_rounds``).
@@ -89,32 +85,3 @@ def load_profile(path: str | Path) -> StepProfile:
         raise ValueError(f"{path} is not a usable baseline: forward_moments must be 9 finite numbers")
     name = setup.model if setup else doc.get("model")
     return StepProfile(times, f"baseline {Path(path).name}" + (f" of {name}" if name else ""), setup, moments)
-
-
-class Baseline:
-    """The same target's step times without speculation, kept but not used where measured on another setup (model
-    architecture, dtype, device, vLLM version, max_num_seqs, ...): ``state`` then says why, and one warning is
-    logged."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        #: The profile, and why it does not fit the engine's setup (None while it fits); read as one.
-        self.state: tuple[StepProfile | None, str | None] = (None, None)
-
-    def set(self, profile: StepProfile | None, setup: EngineSetup | None) -> None:
-        """Hold ``profile`` (None: none), checked against ``setup``, the engine's."""
-        with self._lock:
-            self.state = (profile, None)
-        self.check(setup)
-
-    def check(self, setup: EngineSetup | None) -> None:
-        """Check the profile against ``setup`` (the engine's, as last set) unless it was found not to fit."""
-        with self._lock:
-            profile, problem = self.state
-            if profile is None or problem is not None:
-                return
-            problem = baseline_problem(profile, setup)
-            if problem is None:
-                return
-            self.state = (profile, problem)
-        log.warning("specscope: baseline not used: %s; run `specscope calibrate` on this setup", problem)

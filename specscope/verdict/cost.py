@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from specscope.core.counts import fit_forward
 from specscope.core.model import (
     CostRatio,
     Snapshot,
@@ -15,6 +14,7 @@ from specscope.core.model import (
 )
 from specscope.core.sizing import MODEL_FREE_METHODS, ModelSize
 from specscope.verdict.baseline import usable_baseline
+from specscope.verdict.forward import fit_forward
 
 #: Decode steps a batch size needs before its mean step time is used.
 MIN_STEPS = 3
@@ -95,8 +95,8 @@ MAX_ANCHOR_CONTEXT_MOVE = 0.08
 def forward_at(base: StepProfile, requests: int, tokens: float) -> float | None:
     """The baseline's target forward for ``requests`` requests running ``tokens`` tokens in all (a plain decode step
     at batch b runs b, a speculative one b·(K+1)), from the fit over every forward its calibration timed, prompts
-    and decode steps (:func:`specscope.core.counts.fit_forward`); None without a fit, past :data:`FORWARD_REACH` times
-    its largest batch size, or where the fit says a token costs nothing."""
+    and decode steps (:func:`specscope.verdict.forward.fit_forward`); None without a fit, past
+    :data:`FORWARD_REACH` times its largest batch size, or where the fit says a token costs nothing."""
     fit = fit_forward(base.forward_moments)
     largest = max((t.batch_size for t in base.times if t.steps >= MIN_STEPS), default=0)
     if fit is None or requests > FORWARD_REACH * largest:
@@ -203,7 +203,7 @@ def verify_share(base: StepProfile, batch_size: int, context: float | None = Non
 
 def verify_forward_share(base: StepProfile, batch_size: int) -> float | None:
     """What the target's forward adds for one more token a request at ``batch_size``, as a share of the baseline's
-    plain step there (both as calibrated): the per-token term of its forward fit (:func:`specscope.core.counts.
+    plain step there (both as calibrated): the per-token term of its forward fit (:func:`specscope.verdict.forward.
     fit_forward`), times the batch. The part of a measured c that grows with K through verification alone; None
     without a fit or a step at ``batch_size``, or where the fit says a token costs nothing."""
     fit = fit_forward(base.forward_moments)

@@ -12,6 +12,7 @@ from typing import Any
 from specscope.core.model import Snapshot
 from specscope.verdict.speedup import by_batch_size, estimate
 from specscope.verdict.traffic import flapping
+from specscope.verdict.vllm_policy import one_k_reason
 
 
 @dataclass(frozen=True)
@@ -109,12 +110,12 @@ def schedule_config(schedule: list[tuple[int, int, int]]) -> dict[str, Any] | No
 def recommended_config(snap: Snapshot) -> dict[str, Any] | None:
     """The schedule to configure, or None where speculation should be removed (``speculative_config`` dropped, a
     restart): where no batch size measured pays even at its best K, since a K = 0 range still costs a draft pass.
-    Where vLLM would run one K whatever the config says (:attr:`~specscope.core.model.EngineInfo.one_k_reason`: a method
+    Where vLLM would run one K whatever the config says (:func:`~specscope.verdict.vllm_policy.one_k_reason`: a method
     it keeps no schedule for, or data parallel), one K: the best at the operating batch."""
     table = k_table(snap)
     if not any(c.speedup >= 1.0 for c in table):
         return None
-    if snap.engine.one_k_reason is not None:
+    if one_k_reason(snap.engine) is not None:
         est = estimate(snap)
         k = est.advised_k if est is not None and est.measured else max(table, key=lambda c: c.speedup).k
         return {"num_speculative_tokens": k} if k else None
@@ -138,9 +139,10 @@ def schedule_text(snap: Snapshot) -> list[str]:
         lines.append(f"{c.batch_size:>5}  {c.k:>6}  {c.speedup:6.2f}x   (K={c.running_k}: {c.running_speedup:.2f}x)"
                      + zero)
     config = recommended_config(snap)
-    fixed = snap.engine.one_k_reason is not None
+    reason = one_k_reason(snap.engine)
+    fixed = reason is not None
     if fixed:
-        lines.append(f"{snap.engine.one_k_reason}: one K, the best at the operating batch")
+        lines.append(f"{reason}: one K, the best at the operating batch")
     drafted = snap.window.spec.drafted_per_step if snap.window.spec is not None else None
     if snap.engine.adaptive_verification and drafted is not None:
         est = estimate(snap)

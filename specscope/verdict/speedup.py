@@ -1,4 +1,10 @@
-"""The expected speedup at a batch size and K: the verdict's model (see the package docstring)."""
+"""The expected speedup at a batch size and K: the verdict's model (see the package docstring).
+
+Over 400 lines because an estimate at a running K and one at a schedule's K = 0 range are priced side by side here,
+from the same inputs and helpers, and each passes its pricing to the interval. :class:`SpeedupEstimate` is the
+result, numbers and the decisions they make; its words are :mod:`specscope.verdict.prose`'s, its interval's draws
+:mod:`specscope.verdict.interval`'s, and what prefill leaves :mod:`specscope.verdict.prefill`'s.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from specscope.core import acceptance as acc
+from specscope.core import derived
 from specscope.core.model import (
     CostRatio,
     Snapshot,
     TrafficClass,
 )
 from specscope.core.sizing import MODEL_FREE_METHODS
-from specscope.verdict import uncertainty
+from specscope.verdict import prefill, uncertainty
 from specscope.verdict.baseline import usable_baseline
 from specscope.verdict.cost import (
     MIN_STEPS,
@@ -27,6 +34,8 @@ from specscope.verdict.cost import (
     verify_forward_share,
     verify_share,
 )
+from specscope.verdict.interval import speedup_interval
+from specscope.verdict.vllm_policy import lossy_verification
 
 #: Decode steps a batch size needs to get a row of its own in the by-batch verdict and the K table (batch sizes
 #: an engine passes through briefly, as a batch drains, are too noisy to advise on).
@@ -44,7 +53,8 @@ Bands = tuple[tuple[float, ...], tuple[float, ...]]
 
 @dataclass(frozen=True)
 class SpeedupEstimate:
-    """Expected speedup over no speculation at one batch size, at the running K and at every K in 0..16."""
+    """Expected speedup over no speculation at one batch size, at the running K and at every K in 0..16: the
+    numbers and the decisions they make (in words: :func:`specscope.verdict.prose.explain`)."""
 
     alpha: float
     k: int
@@ -175,59 +185,6 @@ class SpeedupEstimate:
         """True when c comes from live step times against a baseline."""
         return self.c_basis == "measured"
 
-    def explain(self) -> str:
-        """One paragraph a person can act on."""
-        if self.k == 0:
-            return self._explain_k0()
-        iv = self.interval
-        verdict = ("pays" if self.pays else "does NOT pay" if self.surely_loses
-                   else "may not pay (its interval reaches 1.0x)")
-        at = f" and batch {self.batch_size}" if self.batch_size else ""
-        tokens = f"{self.tokens_per_step:.2f} tokens/step {'observed' if self.tokens_observed else 'modelled'}"
-        share = self.prefill_share
-        prefill = (", prefill not timed at this batch size: decode only" if share is None
-                   else f", prefill {share:.0%} of engine time" if share >= 0.005 else "")
-        advised = self.advised_k
-        if advised == 0:
-            advice = (f"turn speculation off (remove speculative_config, a restart): no K makes it pay here, and "
-                      f"K=0 in vLLM's schedule would run at {self.k0_speedup:.2f}x ({self.k0_basis})")
-        elif advised == self.k:
-            advice = (f"K={self.k} is already the best" if self.best_k == self.k else
-                      f"keep K={self.k}: K={self.best_k}'s {self.best_speedup:.2f}x is within the noise")
-        else:
-            advice = f"K={advised} would give {self.by_k[advised]:.2f}x"
-        near = self.near_best
-        if near and near[0] != near[1] and advised:
-            advice += f"; K={near[0]}-{near[1]} are within the noise of the best"
-        sure = f" ({iv[0]:.2f}-{iv[1]:.2f}x, {self.interval_basis})" if iv else " (no interval: too few requests)"
-        return (f"speculation {verdict}: expected speedup {self.expected_speedup:.2f}x{sure} at K={self.k}{at} "
-                f"(decode {self.decode_speedup:.2f}x{prefill}; {tokens}; alpha {self.alpha:.2f}; "
-                f"c {self.c:.2f}, {self.c_source}); {advice}{self.caveat}")
-
-    def _explain_k0(self) -> str:
-        """:meth:`explain` at a batch size the schedule gives K = 0: the range's own speed, then K > 0's prices."""
-        iv = self.interval
-        verdict = ("pays" if self.pays else "does NOT pay" if self.surely_loses
-                   else "may not pay (its interval reaches 1.0x)")
-        at = f" at batch {self.batch_size}" if self.batch_size else ""
-        share = self.prefill_share
-        prefill = (", prefill not timed at this batch size" if share is None
-                   else f", prefill {share:.0%} of engine time" if share >= 0.005 else "")
-        sure = f" ({iv[0]:.2f}-{iv[1]:.2f}x, {self.interval_basis})" if iv else " (no interval: too few requests)"
-        scheduled, advised = self.scheduled_k, self.advised_k
-        if advised == 0 and self.best_k == 0:
-            advice = ("no K pays here: speculation removed (remove speculative_config, a restart) runs 1.00x; "
-                      "remove it if the engine runs at this batch size most")
-            if scheduled:
-                advice += f"; with speculation configured, K={scheduled} ({self.by_k[scheduled]:.2f}x) beats K=0"
-        elif advised == 0:
-            advice = f"keep K=0: K={self.best_k}'s {self.best_speedup:.2f}x is within the noise"
-        else:
-            advice = f"K={advised} would give {self.by_k[advised]:.2f}x"
-        return (f"speculation {verdict}: the schedule's K=0 range{at} runs {self.expected_speedup:.2f}x{sure}; "
-                f"{self.k0_basis}{prefill}; K>0 priced from the acceptance where the engine drafts (alpha "
-                f"{self.alpha:.2f}) and c {self.c:.2f}, {self.c_source}; {advice}{self.caveat}")
-
 
 def _observed_tokens(snap: Snapshot, k: int) -> float | None:
     """Tokens a request gained per decode step, pooled over the batch sizes that ran ``k`` (acceptance depends on
@@ -238,61 +195,6 @@ def _observed_tokens(snap: Snapshot, k: int) -> float | None:
         if request_steps >= MIN_STEPS and all(t.tokens for t in times):
             return sum(t.tokens for t in times) / request_steps
     return None
-
-
-def _prefill_per_decode(snap: Snapshot, batch: int | None, tokens: float) -> float | None:
-    """ρ at ``batch``: a request's prefill seconds (which speculation leaves as they are) over its decode seconds
-    there (which it shortens).
-
-    A request's prefill is what the steps carrying prefill took beyond the decoding they did too (a request joining a
-    running batch), over the requests whose prefill they finished (first tokens), at every batch size: a batch's
-    first prompts, and a long prompt's chunks, run at batch sizes of their own. Its decode is its output tokens but
-    the first (finished requests' mean, else the tokens generated per prefill finished) at ``batch`` requests a step,
-    each gaining ``tokens``, at that batch size's step time. From the window's steps, else the lifetime's where the
-    window finished no prefill; None (unknown, not 0) without prefill or steps at ``batch``.
-    """
-    st = steps_at(snap, batch) if batch and tokens > 0 else None
-    if st is None:
-        return None
-    times = snap.window.step_times
-    if not any(t.first_tokens for t in times.times):
-        times = snap.lifetime.step_times
-    started = sum(t.first_tokens for t in times.times)
-    length = _output_length(snap) or (sum(t.tokens + t.prefill_tokens for t in times.times) / started
-                                      if started else None)
-    if length is None:
-        return None
-    prefill_s, requests = 0.0, 0
-    for t in times.times:
-        if not t.prefill_steps:
-            continue
-        step = t.mean_s if t.steps else times.at(t.batch_size, MIN_STEPS) or st.mean_s
-        decoded = max(0, t.prefill_tokens - t.first_tokens) / (t.batch_size * tokens)
-        prefill_s += max(0.0, t.prefill_s - decoded * step)
-        requests += t.first_tokens
-    decode_s = max(0.0, length - 1.0) / (st.batch_size * tokens) * st.mean_s
-    return prefill_s / requests / decode_s if requests and decode_s > 0 else None
-
-
-def _output_length(snap: Snapshot) -> float | None:
-    """Output tokens of a finished request: the window's mean, else every kept request's; None without one.
-    Computed once per snapshot (a schedule prices every batch size up to max_num_seqs)."""
-    key = ("output_length",)
-    if key not in snap.derived:
-        done = [r for r in snap.requests if r.generation_tokens]
-        recent = [r for r in done if r.finished_at >= snap.time - snap.window_seconds]
-        chosen = [r.generation_tokens or 0 for r in recent or done]
-        snap.derived[key] = sum(chosen) / len(chosen) if chosen else None
-    return snap.derived[key]
-
-
-def _draft_prefill(snap: Snapshot) -> float:
-    """The draft's prefill cost per token relative to the target's: it prefills every prompt too (a plain engine
-    does not). Its parameters per token against the target's; 0 for model-free methods or unknown sizes."""
-    sizes = snap.cost_ratio
-    if sizes is None or snap.engine.method in MODEL_FREE_METHODS or sizes.draft_params is None:
-        return 0.0
-    return sizes.value
 
 
 def _basis(cost: CostRatio, measured: bool) -> str:
@@ -307,17 +209,15 @@ def _basis(cost: CostRatio, measured: bool) -> str:
 
 def estimate(snap: Snapshot, cost: CostRatio | None = None, batch_size: int | None = None) -> SpeedupEstimate | None:
     """The estimate at ``batch_size`` (default: the snapshot's operating batch, ``decode_batch``); None without the
-    inputs. Computed once per snapshot and batch size (kept in ``snap.derived``) unless ``cost`` is given.
+    inputs. Computed once per snapshot and batch size (kept beside it: :func:`specscope.core.derived.once`)
+    unless ``cost`` is given.
 
     c is, in order: ``cost`` if given, measured against a usable baseline, the verify model for model-free
     methods, else the snapshot's estimate from parameters.
     """
     if cost is not None:
         return _estimate(snap, cost, batch_size)
-    key = ("estimate", batch_size)
-    if key not in snap.derived:
-        snap.derived[key] = _estimate(snap, None, batch_size)
-    return snap.derived[key]
+    return derived.once(snap, ("estimate", batch_size), lambda: _estimate(snap, None, batch_size))
 
 
 def _estimate(snap: Snapshot, cost: CostRatio | None, batch_size: int | None) -> SpeedupEstimate | None:
@@ -340,15 +240,16 @@ def _estimate(snap: Snapshot, cost: CostRatio | None, batch_size: int | None) ->
     rates = spec.per_position[:k]
     observed = _observed_tokens(snap, k)
     tokens = observed if observed is not None else acc.tokens_per_step(k, rates, a)
-    rho, draft_prefill = _prefill_per_decode(snap, batch, tokens), _draft_prefill(snap)
+    rho, draft_prefill = prefill.prefill_per_decode(snap, batch, tokens), prefill.draft_prefill(snap)
     verify = _verify_part(snap, batch, measured)
 
-    def speedup_at(j: int, rates: tuple[float, ...], a: float, tokens: float, c: float,
-                   fixed: float = uncertainty.DRAFT_FIXED) -> float:
+    def speedup_from_running_k(j: int, rates: tuple[float, ...], a: float, tokens: float, c: float,
+                               fixed: float = uncertainty.DRAFT_FIXED) -> float:
         """End-to-end speedup at K = ``j`` > 0 for these inputs (``tokens``: observed at the running K). A draft
         token's c is verifying it (``verify``, which every K pays by the token) and the draft's part, c − verify;
         ``fixed`` is the share of the running K's draft part, k·(c − verify), that a step pays whatever its K (see
-        :func:`_interval`), so a step at j costs 1 + j·c + fixed·(c − verify)·(k − j)."""
+        :func:`~specscope.verdict.interval.speedup_interval`), so a step at j costs
+        1 + j·c + fixed·(c − verify)·(k − j)."""
         now = tokens / (k * c + 1.0)
         if j == k:
             return acc.end_to_end(now, now, rho or 0.0, draft_prefill)
@@ -359,10 +260,11 @@ def _estimate(snap: Snapshot, cost: CostRatio | None, batch_size: int | None) ->
         decode = acc.tokens_per_step(j, rates, a, fraction) / step
         return acc.end_to_end(decode, now, rho or 0.0, draft_prefill)
 
-    by_k = (1.0, *(speedup_at(j, rates, a, tokens, cost.value) for j in range(1, acc.K_MAX + 1)))
+    by_k = (1.0, *(speedup_from_running_k(j, rates, a, tokens, cost.value) for j in range(1, acc.K_MAX + 1)))
     decode_now = tokens / (k * cost.value + 1.0)
-    interval, basis, draws, requests = _interval(snap, batch, k, cost.value, measured is not None,
-                                                 (rates, a, tokens), speedup_at, uncertainty.DRAFT_FIXED_RANGE)
+    interval, basis, draws, requests = speedup_interval(snap, batch, k, cost.value, measured is not None,
+                                                        (rates, a, tokens), speedup_from_running_k,
+                                                        uncertainty.DRAFT_FIXED_RANGE)
     k0, k0_basis = k0_decode(snap, cost)
     return SpeedupEstimate(
         alpha=a, k=k, c=cost.value, c_basis=_basis(cost, measured is not None),
@@ -370,7 +272,7 @@ def _estimate(snap: Snapshot, cost: CostRatio | None, batch_size: int | None) ->
         decode_speedup=decode_now, prefill_share=None if rho is None else rho / (1.0 + rho), by_k=by_k,
         batch_size=batch if measured is not None or observed is not None else None,
         k0_speedup=acc.end_to_end(k0, decode_now, rho or 0.0, draft_prefill), k0_basis=k0_basis,
-        caveat=(LOSSY_CAVEAT if snap.engine.lossy_verification else "") + _slow_baseline(snap, measured),
+        caveat=(LOSSY_CAVEAT if lossy_verification(snap.engine) else "") + _slow_baseline(snap, measured),
         interval=interval, interval_basis=basis, interval_requests=requests, draws=draws,
     )
 
@@ -416,13 +318,14 @@ def _k0_estimate(snap: Snapshot, cost: CostRatio | None, batch: int, per_positio
     k_ref, observed = _reference(snap)
     rates = per_position[:k_ref]
     tokens = observed if observed is not None else acc.tokens_per_step(k_ref, rates, a)
-    rho, draft_prefill = _prefill_per_decode(snap, batch, 1.0), _draft_prefill(snap)
+    rho, draft_prefill = prefill.prefill_per_decode(snap, batch, 1.0), prefill.draft_prefill(snap)
 
-    def speedup_at(j: int, rates: tuple[float, ...], a: float, tokens: float, c0: float,
-                   fixed: float = uncertainty.FIXED) -> float:
+    def speedup_from_draft_pass(j: int, rates: tuple[float, ...], a: float, tokens: float, c0: float,
+                                fixed: float = uncertainty.FIXED) -> float:
         """End-to-end speedup at K = ``j`` for these inputs (``tokens``: observed at ``k_ref``; 0: the range as it
         runs, with speculation configured). ``fixed``: the share of c0 a step pays whatever its K (see
-        :func:`_interval`), paid once, not at each of the j draft passes: 1 + j·(c0 + verify) − (j − 1)·fixed·c0."""
+        :func:`~specscope.verdict.interval.speedup_interval`), paid once, not at each of the j draft passes:
+        1 + j·(c0 + verify) − (j − 1)·fixed·c0."""
         now = 1.0 / (1.0 + c0)
         if j == 0:
             return acc.end_to_end(now, now, rho or 0.0, draft_prefill)
@@ -432,17 +335,17 @@ def _k0_estimate(snap: Snapshot, cost: CostRatio | None, batch: int, per_positio
         return acc.end_to_end(decode, now, rho or 0.0, draft_prefill)
 
     point = (rates, a, tokens)
-    interval, basis, draws, requests = _interval(snap, batch, 0, c0, measured is not None, point, speedup_at,
-                                                 uncertainty.FIXED_RANGE)
+    interval, basis, draws, requests = speedup_interval(snap, batch, 0, c0, measured is not None, point,
+                                                        speedup_from_draft_pass, uncertainty.FIXED_RANGE)
     live = steps_at(snap, batch) is not None
     return SpeedupEstimate(
         alpha=a, k=0, c=c.value, c_basis=_basis(c, measured is not None), c_source=c.source, tokens_per_step=1.0,
         tokens_observed=live, decode_speedup=1.0 / (1.0 + c0),
         prefill_share=None if rho is None else rho / (1.0 + rho),
-        by_k=(1.0, *(speedup_at(j, *point, c0) for j in range(1, acc.K_MAX + 1))),
+        by_k=(1.0, *(speedup_from_draft_pass(j, *point, c0) for j in range(1, acc.K_MAX + 1))),
         batch_size=batch if measured is not None or live else None,
-        k0_speedup=speedup_at(0, *point, c0), k0_basis=k0_basis,
-        caveat=LOSSY_CAVEAT if snap.engine.lossy_verification else "",
+        k0_speedup=speedup_from_draft_pass(0, *point, c0), k0_basis=k0_basis,
+        caveat=LOSSY_CAVEAT if lossy_verification(snap.engine) else "",
         interval=interval, interval_basis=basis, interval_requests=requests, draws=draws,
     )
 
@@ -488,75 +391,6 @@ def _slow_baseline(snap: Snapshot, measured: CostRatio | None) -> str:
             "now")
 
 
-def _interval(snap: Snapshot, batch: int | None, k: int, c: float, measured: bool,
-              point: tuple[tuple[float, ...], float, float],
-              speedup_at: Callable[[int, tuple[float, ...], float, float, float, float], float],
-              fixed: tuple[float, float],
-              ) -> tuple[tuple[float, float] | None, str, Callable[[int], tuple[float, ...]] | None, int]:
-    """``(interval at the running K, basis, the speedup at a K in each draw, requests resampled)``: ``speedup_at``
-    over the requests' resampled acceptance and, where c is measured, a plain step time drawn from the baseline's
-    spread between its rounds (through c) and the machine's drift between moments (a factor on every K's speedup:
-    it moves the steps a restart runs, at whatever K). With too few requests to resample (a window at a large batch
-    size may finish two), a measured c still draws its step times, with acceptance as observed over the window's
-    steps: the step times' unsureness is said, and a point just under 1.0x is not called a loss on it. None with
-    neither.
-
-    At a K other than the running one, the model's own unknown is drawn too: a speculative step pays part of its
-    cost whatever its K (vLLM's speculative path: sampling, bookkeeping, the proposer's set-up), and one K's step
-    time cannot tell that part from the cost per draft token. Each draw takes a share of the draft's cost in the
-    range ``fixed`` (:func:`uncertainty.fixed_shares`), which lowers K below the running one and raises K above it;
-    the point takes the middle (:data:`uncertainty.DRAFT_FIXED`, at a K = 0 range :data:`uncertainty.FIXED`). Each
-    K's interval holds its point."""
-    res = uncertainty.resample(snap)
-    resampled = res.requests if res is not None and res.draws else 0
-    base = usable_baseline(snap)
-    rows = [t for t in base.times if t.steps >= MIN_STEPS] if base is not None and measured and batch else []
-    spread = min(rows, key=lambda t: abs(t.batch_size - (batch or 1))).spread if rows else 0.0
-    # The baseline was timed at another moment, and a restart will run at another again: the machine's speed moves
-    # between moments, the plain step's since the baseline and the speculative step's since this window, each by
-    # what the run measured it move, the live steps' spread from second to second or the baseline's from round to
-    # round (the larger); by the drift assumed (measured on CPU machines) only where the run measured neither.
-    live = steps_at(snap, batch) if rows and batch else None
-    seconds = live.spread if live is not None else 0.0
-    moved = max(seconds, spread)
-    drift = ((moved, moved) if moved else (uncertainty.SPEC_DRIFT, uncertainty.PLAIN_DRIFT)) if rows else (0.0, 0.0)
-
-    def why(d: float) -> str:
-        return ("as the live steps move from second to second" if seconds >= d else
-                "as the baseline's rounds moved" if spread >= d else "the least assumed (no spread measured)")
-
-    spec_why, plain_why = why(drift[0]), why(drift[1])
-    each = (f"{drift[0]:.0%}, {spec_why}" if drift[0] == drift[1] else
-            f"speculative {drift[0]:.1%}, plain {drift[1]:.1%}, {spec_why}" if spec_why == plain_why else
-            f"speculative {drift[0]:.1%} ({spec_why}), plain {drift[1]:.1%} ({plain_why})")
-    rounds, apart = spread, (drift[0] * drift[0] + drift[1] * drift[1]) ** 0.5
-    spread = (rounds * rounds + apart * apart) ** 0.5
-    if not resampled and not spread:
-        return None, "", None, 0
-    accepted = res.draws if res is not None and resampled else (uncertainty.AS_OBSERVED,) * uncertainty.DRAWS
-    rates, a, tokens = point
-    n = max(k, 1)  # draft tokens a step pays c for (at a K = 0 range, c is its steps' cost c0: one a step)
-    draws = [(tuple(r * (d.rates[i] if i < len(d.rates) else 1.0) for i, r in enumerate(rates)),
-              min(0.999, a * d.alpha), 1.0 + (tokens - 1.0) * d.gained,
-              max(0.0, ((1.0 + n * c) / m - 1.0) / n) if rounds else c, f)
-             for d, m, f in zip(accepted, uncertainty.noise(len(accepted), rounds),
-                                uncertainty.fixed_shares(len(accepted), fixed), strict=True)]
-    drifted = uncertainty.noise(len(draws), apart, seed=3)
-
-    @functools.cache
-    def at(j: int) -> tuple[float, ...]:
-        return tuple(speedup_at(j, *x) * g for x, g in zip(draws, drifted, strict=True))
-
-    steps = (f"a {spread:.0%} spread of the step times' ratio (the baseline's rounds, and each step time's drift "
-             f"between moments: {each})") if spread else ""
-    if resampled:
-        basis = f"{uncertainty.COVERAGE:.0%} interval over {resampled} requests" + (f" and {steps}" if steps else "")
-    else:
-        basis = f"{uncertainty.COVERAGE:.0%} interval over {steps}" + (
-            f"; acceptance as observed (too few requests to resample, {uncertainty.MIN_REQUESTS} needed)" if k else "")
-    return uncertainty.quantiles(at(k)), basis, at, resampled
-
-
 def k0_decode(snap: Snapshot, cost: CostRatio) -> tuple[float, str]:
     """Decode speedup of a K = 0 range in vLLM's schedule, and how it was priced.
 
@@ -597,7 +431,7 @@ def class_speedup(snap: Snapshot, cls: TrafficClass, est: SpeedupEstimate | None
     share = est.prefill_share or 0.0
     rho = share / (1.0 - share) if share < 1.0 else 0.0
     decode = length / (est.k * est.c + 1.0)
-    return acc.end_to_end(decode, est.decode_speedup, rho, _draft_prefill(snap))
+    return acc.end_to_end(decode, est.decode_speedup, rho, prefill.draft_prefill(snap))
 
 
 def by_batch_size(snap: Snapshot) -> list[SpeedupEstimate]:
@@ -610,19 +444,3 @@ def by_batch_size(snap: Snapshot) -> list[SpeedupEstimate]:
         if est is not None and est.measured:
             out.append(est)
     return out
-
-
-def by_batch_line(estimates: list[SpeedupEstimate]) -> str | None:
-    """"by batch size 1: 1.14x  8: 0.92x; pays at batch 1, not at 8" for a report; None without estimates."""
-    if not estimates:
-        return None
-    cells = "  ".join(f"{e.batch_size}: {e.expected_speedup:.2f}x" for e in estimates)
-    paying = ", ".join(str(e.batch_size) for e in estimates if e.pays)
-    losing = ", ".join(str(e.batch_size) for e in estimates if not e.pays)
-    if not losing:
-        verdict = "pays at every batch size measured"
-    elif not paying:
-        verdict = "pays at no batch size measured"
-    else:
-        verdict = f"pays at batch {paying}, not at {losing}"
-    return f"by batch size {cells}; {verdict}"

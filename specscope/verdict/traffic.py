@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from specscope.core import derived
 from specscope.core.model import Snapshot
 from specscope.verdict.speedup import SpeedupEstimate, estimate
 
@@ -56,15 +57,15 @@ class TrafficSpeedup:
 def _weighed(snap: Snapshot) -> list[tuple[int, float, SpeedupEstimate | None]]:
     """Each batch size the window ran: ``(batch size, seconds of steps there, its measured estimate or None)``, in
     batch order; computed once per snapshot."""
-    key = ("weighed",)
-    if key not in snap.derived:
+    def weigh() -> list[tuple[int, float, SpeedupEstimate | None]]:
         rows = []
         for t in snap.window.step_times.times:
             seconds = t.steps * t.mean_s + t.prefill_s
             est = estimate(snap, batch_size=t.batch_size) if seconds > 0 else None
             rows.append((t.batch_size, seconds, est if est is not None and est.measured else None))
-        snap.derived[key] = sorted(rows, key=lambda r: r[0])
-    return snap.derived[key]
+        return sorted(rows, key=lambda r: r[0])
+
+    return derived.once(snap, ("weighed",), weigh)
 
 
 def traffic_speedup(snap: Snapshot) -> TrafficSpeedup | None:

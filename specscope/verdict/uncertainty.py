@@ -22,6 +22,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from specscope.core import derived
 from specscope.core.model import RequestRecord, Snapshot
 
 #: The share of draws an interval covers (its ends are the 5th and 95th percentiles).
@@ -89,10 +90,7 @@ def _key(r: RequestRecord) -> tuple[object, ...]:
 def resample(snap: Snapshot) -> Resample | None:
     """The draws for ``snap`` (computed once per snapshot); None with fewer than :data:`MIN_REQUESTS` distinct
     requests."""
-    key = ("resample",)
-    if key not in snap.derived:
-        snap.derived[key] = _resample(records(snap))
-    return snap.derived[key]
+    return derived.once(snap, ("resample",), lambda: _resample(records(snap)))
 
 
 def _resample(recs: Sequence[RequestRecord]) -> Resample | None:
@@ -152,7 +150,7 @@ DRAFT_FIXED = sum(DRAFT_FIXED_RANGE) / 2
 def fixed_shares(draws: int, share: tuple[float, float]) -> list[float]:
     """One per draw: a share of the draft's cost that a speculative step pays whatever its K, uniform over the range
     ``share`` (:data:`FIXED_RANGE`, :data:`DRAFT_FIXED_RANGE`; one K's step time does not tell, see
-    ``speedup._interval``)."""
+    ``interval.speedup_interval``)."""
     rng = random.Random(2)
     low, high = share
     return [low + (high - low) * rng.random() for _ in range(draws)]

@@ -236,7 +236,7 @@ def test_a_class_s_expected_speedup_uses_its_own_tokens_per_step() -> None:
 
     hub = Hub()
     hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model"))
-    hub.cost_ratio = CostRatio(0.1, "given")
+    hub.set_cost_ratio(CostRatio(0.1, "given"))
     hub.record_step(StepStats(num_spec_tokens=4, drafts=10, draft_tokens=40, accepted=20,
                               accepted_per_pos=(8, 6, 4, 2), running=1, waiting=0))
     record(hub, "good", "chat", (0, 0, 0, 0, 5))  # 5 tokens a step

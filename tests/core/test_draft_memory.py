@@ -9,7 +9,7 @@ import pytest
 
 from specscope.core.memory import draft_kv_cost
 from specscope.core.model import AllocatorStats, DraftMemory, EngineInfo, GpuDevice, GpuMemory
-from specscope.engine.vllm_reader import draft_memory, draft_memory_note, engine_info
+from specscope.engine.vllm_config import draft_memory, draft_memory_note, engine_info
 from specscope.export.alerts.evaluate import Evaluator
 from specscope.export.alerts.rules import BY_RULE, Thresholds
 from specscope.state.hub import Hub, StepStats

@@ -11,8 +11,8 @@ import pytest
 
 from specscope import tiny_models
 from specscope.cli import main
-from specscope.core.counts import fit_forward
 from specscope.verdict import load_profile
+from specscope.verdict.forward import fit_forward
 from tests.conftest import ENGINE_KW
 
 pytestmark = pytest.mark.engine

@@ -23,7 +23,7 @@ import pytest
 from specscope import Hub, tiny_models
 from specscope.core import codec
 from specscope.core.classes import PROMPT_BUCKETS
-from specscope.engine import vllm_reader
+from specscope.engine import vllm_stats
 from tests.conftest import ENGINE_KW, greedy, shutdown
 
 pytestmark = pytest.mark.engine
@@ -36,7 +36,7 @@ def vllm_counts(outputs: list[Any]) -> list[tuple[int, int]]:
     """(accepted, drafted) of each request, from vLLM's own per-request metrics."""
     out = []
     for o in outputs:
-        steps = vllm_reader.per_step_counts(o.outputs[0].spec_decode_metrics)
+        steps = vllm_stats.per_step_counts(o.outputs[0].spec_decode_metrics)
         assert steps is not None
         out.append((sum(steps[0]), sum(steps[1])))
     return out

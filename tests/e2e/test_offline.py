@@ -156,10 +156,10 @@ def test_faults_in_specscope_never_reach_the_engine(
 
 def _faults_never_reach_the_engine(llm: Any, hub: Hub, baseline: list[list[int]], monkeypatch: Any,
                                    caplog: Any) -> None:
-    from specscope.engine import vllm_reader
+    from specscope.engine import vllm_stats
 
 
-    real_read_steps = vllm_reader.read_steps
+    real_read_steps = vllm_stats.read_steps
     bad: dict[float, bool] = {}  # every other step, in the order they come, cannot be read
 
     def flaky_read_steps(times: Any, *args: Any, **kwargs: Any) -> Any:
@@ -176,7 +176,7 @@ def _faults_never_reach_the_engine(llm: Any, hub: Hub, baseline: list[list[int]]
     hub.requests.add_listener(bad_listener)
     hub.requests.add_listener(lambda rec: release.wait(30))
     hub.add_gpu_source("gpu", lambda: 1 / 0)  # replaces the real NVML source
-    monkeypatch.setattr(vllm_reader, "read_steps", flaky_read_steps)
+    monkeypatch.setattr(vllm_stats, "read_steps", flaky_read_steps)
 
     start = hub.snapshot()
     before = {r.request_id for r in start.requests}

@@ -92,7 +92,7 @@ def shared(tiny: dict[str, Path], baseline: StepProfile) -> Iterator[Shared]:
 
 def test_a_draft_that_cannot_pay_is_told_to_turn_speculation_off(shared: Shared) -> None:
     from specscope.export.catalogue import BY_NAME
-    from specscope.verdict import by_batch_size, estimate
+    from specscope.verdict import by_batch_size, estimate, explain
 
     spec = shared.get("deep10")
     run(spec, [[p] for p in PROMPTS[:2]])
@@ -104,7 +104,7 @@ def test_a_draft_that_cannot_pay_is_told_to_turn_speculation_off(shared: Shared)
     assert not verdicts[1].pays  # K=4 loses at batch 1 (K=1 may still win a little there: alpha ~0.3, c ~0.15)
     est = verdicts[8]  # at batch 8 no K pays: turn it off
     assert not est.pays and est.best_k == 0 and est.best_speedup == 1.0
-    assert "turn speculation off (remove speculative_config, a restart)" in est.explain()
+    assert "turn speculation off (remove speculative_config, a restart)" in explain(est)
     assert est.k0_speedup < 1.0  # a K=0 range in vLLM's schedule would still cost the draft's pass
     # Exported as 0, not as K=1 (the export follows the operating batch; here, batch 8's).
     at_8 = replace(snap, decode_batch=8, engines=tuple(replace(e, decode_batch=8) for e in snap.engines))
@@ -129,7 +129,7 @@ def test_every_rule_over_five_windows_under_load(shared: Shared, baseline: StepP
     import specscope
     from specscope.export.alerts.evaluate import Evaluator
     from specscope.export.alerts.rules import RULES, Thresholds
-    from specscope.verdict import estimate
+    from specscope.verdict import estimate, explain
 
     spec = shared.get(family)
     run(spec, [PROMPTS[:8]], 16)  # warm up
@@ -155,14 +155,14 @@ def test_every_rule_over_five_windows_under_load(shared: Shared, baseline: StepP
     # 7 in a CI run on a slow day).
     snap = hub.snapshot()
     assert snap.decode_batch in (7, 8), snap.window.step_times
-    assert fired == faults, (fired, snap.window.spec, est.explain() if (est := estimate(snap)) else None)
+    assert fired == faults, (fired, snap.window.spec, explain(est) if (est := estimate(snap)) else None)
     assert {a.rule for a in ev.active() if a.state == "firing"} == faults  # still firing at the end
 
 
 def test_the_paying_pair_is_predicted_and_measured_to_pay_at_batch_1(shared: Shared, plain: Any) -> None:
     import specscope
     from specscope.engine.measure import measure_step_times
-    from specscope.verdict import estimate, k_schedule, k_table, merge_profiles, schedule_config
+    from specscope.verdict import estimate, explain, k_schedule, k_table, merge_profiles, schedule_config
 
     spec = shared.get("deep01")
     # The draft's cost in KV capacity, from the configs, against vLLM's own allocation: the plain engine's
@@ -194,7 +194,7 @@ def test_the_paying_pair_is_predicted_and_measured_to_pay_at_batch_1(shared: Sha
     snap = predicting.snapshot()
     one = estimate(snap, batch_size=1)
     assert one is not None and one.measured and one.tokens_observed
-    print(f"batch 1: measured {measured:.2f}x, predicted {one.expected_speedup:.2f}x ({one.explain()})")
+    print(f"batch 1: measured {measured:.2f}x, predicted {one.expected_speedup:.2f}x ({explain(one)})")
     # It pays, and specscope says so (1.7-2.7x measured here, 1.66-2.0x predicted on slow days): what holds with a wide
     # margin. How close the point and its interval come is the truth benchmark's to say, on pairs and traffic drawn
     # fresh (benchmarks/bench_truth_user.py --fresh); a fresh clone measured 2.70x and 2.44x against 1.97x (1.70-2.29x).
@@ -327,6 +327,7 @@ def test_advice_with_a_k0_range_is_a_fixed_point(tiny: dict[str, Path], plain: A
     from specscope.engine.measure import measure_step_times, serve_until_row, steady_throughput, wait_stopped
     from specscope.verdict import (
         estimate,
+        explain,
         k_schedule,
         k_table,
         merge_profiles,
@@ -354,8 +355,8 @@ def test_advice_with_a_k0_range_is_a_fixed_point(tiny: dict[str, Path], plain: A
     assert [list(r) for r in snap.engine.k_schedule] == applied
     table = {c.batch_size: c for c in k_table(snap)}
     sixteen = estimate(snap, batch_size=16)
-    print({b: (c.k, round(c.speedup, 2)) for b, c in table.items()}, sixteen.explain() if sixteen else None)
-    assert {1, 16} <= set(table), (sixteen.explain() if sixteen else None, snap.lifetime.step_times, base)
+    print({b: (c.k, round(c.speedup, 2)) for b, c in table.items()}, explain(sixteen) if sixteen else None)
+    assert {1, 16} <= set(table), (explain(sixteen) if sixteen else None, snap.lifetime.step_times, base)
     assert sixteen is not None and sixteen.k == 0 and sixteen.measured and sixteen.expected_speedup < 1.0
     # The same K at every batch size measured: K=1 in the first range, K=0 in the second.
     assert {b: c.k for b, c in table.items()} == {b: 1 if b <= 5 else 0 for b in table}
@@ -399,7 +400,7 @@ def test_ngram_gets_a_finite_k_and_drafting_more_stops_paying(plain: Any, shared
     """n-gram lookup runs no model, but verifying K+1 tokens per request costs a step more: c is never 0."""
     import specscope
     from specscope.engine.measure import measure_step_times
-    from specscope.verdict import estimate
+    from specscope.verdict import estimate, explain
 
     shared.release()
     llm = specscope.LLM(plain.llm_engine.vllm_config.model_config.model, specscope_hub=Hub(), **DEEP,
@@ -419,7 +420,7 @@ def test_ngram_gets_a_finite_k_and_drafting_more_stops_paying(plain: Any, shared
         assert est is not None and est.c > 0 and est.best_k < 16
         assert est.c_basis in ("measured", "verify model"), est.c_basis
         spec = llm.snapshot().window.spec
-        print(f"n-gram: acceptance {spec.acceptance_rate}, {est.explain()}")  # type: ignore[union-attr]
+        print(f"n-gram: acceptance {spec.acceptance_rate}, {explain(est)}")  # type: ignore[union-attr]
         # Verification costs something, so drafting more stops paying: with c = 0 every K paid and K=16 won. (Whether
         # some K loses outright depends on how small c is at batch 8 here: 0.005 to a few hundredths.)
         tail = est.by_k[est.best_k:]

@@ -20,7 +20,16 @@ import pytest
 
 from specscope.core import codec
 from specscope.core.model import RequestRecord
-from specscope.engine.capture import Capture, CaptureConfig, CaptureError, Payload, chat_messages, refusal, row
+from specscope.engine.capture import (
+    Capture,
+    CaptureConfig,
+    CaptureError,
+    Payload,
+    attached,
+    chat_messages,
+    refusal,
+    row,
+)
 from specscope.export.summary import capture_line, summary
 from specscope.state.hub import Hub
 
@@ -222,7 +231,7 @@ def test_an_engine_under_lossy_verification_or_without_the_hook_captures_nothing
     monkeypatch.setattr(vllm_hook, "_installed", True)
     hub = Hub()
     cap = start_capture(hub, CaptureConfig(tmp_path, ("code",)), config)
-    assert hub.capture is cap and "rejection_sample_method=synthetic" in (capture_line(hub.snapshot()) or "")
+    assert attached(hub) is cap and "rejection_sample_method=synthetic" in (capture_line(hub.snapshot()) or "")
     monkeypatch.setattr(vllm_hook, "_installed", False)
     config.speculative_config.rejection_sample_method = "standard"
     start_capture(hub, CaptureConfig(tmp_path, ("code",)), config)
@@ -245,7 +254,7 @@ def test_the_serve_plugin_says_a_bad_setting_in_one_line_and_serves_on(tmp_path:
         hub = Hub()
         caplog.clear()
         vllm_logger._capture_once(hub, SimpleNamespace())  # raises nothing into vLLM
-        assert hub.capture is None and hub.snapshot().health.error_count == 1
+        assert attached(hub) is None and hub.snapshot().health.error_count == 1
         lines = [r.getMessage() for r in caplog.records if "capture" in r.getMessage()]
         assert len(lines) == 1 and why in lines[0] and "\n" not in lines[0], lines
         # What reaches the snapshot (and the share files, top) says what is wrong, never where capture writes.
@@ -410,7 +419,7 @@ def test_the_server_s_processes_keep_to_one_budget_in_one_directory(tmp_path: Pa
     hubs = [Hub(max_requests=2000), Hub(max_requests=2000)]
     caps = []
     for pid, hub in enumerate(hubs, 1000):  # two API-server processes of one server
-        hub.server_processes = 2
+        hub.set_server_processes(2)
         monkeypatch.setattr(os, "getpid", lambda pid=pid: pid)
         caps.append(Capture(CaptureConfig(tmp_path, ("code",), max_bytes=cap_bytes), hub))
     for i in range(600):  # ~500 bytes a row: 300 KB offered against 64 KB

@@ -8,11 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from specscope.core.counts import fit_forward, forward_moments
+from specscope.core.counts import forward_moments
 from specscope.core.model import StepProfile, StepTime
 from specscope.engine.measure import median_moments, median_rows, serve_until_row, settled
+from specscope.verdict.forward import fit_forward
 from specscope.verdict.speedup import MIN_TABLE_STEPS
-from tests.verdict.test_uncertainty import forward
+from tests.verdict.test_forward import forward
 
 
 def test_a_row_is_its_median_round_with_the_rounds_spread_and_pooled_steps() -> None:

@@ -12,8 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from specscope.core import auth, codec
+from specscope.core.auth import auth_headers
 from specscope.read.scrape import EndpointSource
-from specscope.read.tui import auth_headers
 from specscope.state.hub import Hub
 
 SNAPSHOT = json.dumps(codec.to_dict(Hub().snapshot())).encode()

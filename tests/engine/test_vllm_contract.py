@@ -1,7 +1,7 @@
 """What specscope reads of vLLM, against each supported release's contract.
 
 The contracts (``tests/fixtures/vllm_contract_<version>.json``) are made by ``scripts/vllm_contract.py`` from
-vLLM's sources; what specscope needs is taken from its own code: the reader's ``NEEDED_FIELDS``, the hook's
+vLLM's sources; what specscope needs is taken from its own code: the stats reader's ``NEEDED_FIELDS``, the hook's
 wrappers and the attributes they read, the stat logger's methods. The installed vLLM is checked against its
 release's contract, so a stale fixture fails too.
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from specscope.engine import vllm_hook, vllm_reader
+from specscope.engine import vllm_config, vllm_hook, vllm_stats
 from tests.conftest import FIXTURES
 
 FIXTURES = FIXTURES
@@ -105,8 +105,8 @@ def test_fixtures_are_the_releases_they_are_named_after() -> None:
 
 def test_reader_fields_are_in_the_release(contract: dict[str, Any]) -> None:
     classes = contract["classes"]
-    assert vllm_reader.NEEDED_FIELDS, "the reader names no fields"
-    missing = [f"{cls}.{name}" for cls, needed in vllm_reader.NEEDED_FIELDS.items()
+    assert vllm_stats.NEEDED_FIELDS, "the reader names no fields"
+    missing = [f"{cls}.{name}" for cls, needed in vllm_stats.NEEDED_FIELDS.items()
                for name in needed if cls not in classes or name not in readable(classes[cls])]
     assert missing == [], f"vLLM {contract['vllm_version']} lacks what the reader reads"
 
@@ -172,7 +172,7 @@ def test_stat_logger_implements_the_release_interface(contract: dict[str, Any]) 
 def test_installed_vllm_matches_its_contract() -> None:
     """The installed vLLM, imported, has what its release's fixture says (a stale fixture fails here)."""
     pytest.importorskip("vllm.v1.metrics.stats")
-    version = vllm_reader.engine_version() or ""
+    version = vllm_config.engine_version() or ""
     release = ".".join(version.split(".")[:2])
     if release not in VERSIONS:
         pytest.skip(f"no contract fixture for the installed vLLM {version}")
@@ -192,7 +192,7 @@ def test_installed_vllm_matches_its_contract() -> None:
             checked += 1
         for prop in names(entry["properties"]):
             assert isinstance(inspect.getattr_static(cls, prop), property), f"{name}.{prop}"
-    assert checked >= len(vllm_reader.NEEDED_FIELDS)
+    assert checked >= len(vllm_stats.NEEDED_FIELDS)
     for key, entry in contract["hooked_methods"].items():
         cls_name, method = key.split(".", 1)
         fn = getattr(imported(entry, cls_name), method)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from specscope.engine import capture, vllm_hook, vllm_reader
+from specscope.engine import capture, vllm_hook, vllm_stats
 from specscope.engine.capture import LOST, Capture, CaptureConfig
 from specscope.engine.middleware import SpecscopeMiddleware
 from specscope.state.hub import Hub
@@ -170,7 +170,7 @@ def test_a_class_the_client_claims_in_baggage_is_captured_only_where_the_operato
         asyncio.run(mw({"type": "http", "path": "/v1/chat/completions", "method": "POST", "query_string": b"",
                         "headers": [(b"x-request-id", rid.encode()), *claim], "root_path": ""}, _receive, _ignore))
     for it in finished:  # the stat logger's part
-        for fin in vllm_reader.finished_requests(it):
+        for fin in vllm_stats.finished_requests(it):
             cap.hold(fin.request_id, fin.payload)
             hub.requests.record(fin.request_id, **fin.fields)
     assert hub.requests.wait_idle(5)

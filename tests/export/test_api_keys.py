@@ -16,10 +16,11 @@ from typing import Any
 import httpx
 import pytest
 
+from specscope.core.auth import key_headers
+from specscope.core.bad_input import UsageError
 from specscope.core.codec import encode
 from specscope.export import exports
 from specscope.export.endpoint import Endpoint
-from specscope.read.tui import UsageError, key_headers
 from specscope.state.hub import Hub
 from tests.conftest import free_port
 from tests.read.tui.helpers import http_server, reply

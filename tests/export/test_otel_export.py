@@ -35,8 +35,8 @@ def filled_hub() -> Hub:
 
     nvml = FakeNvml([{"name": "NVIDIA H100", "used": 30 * GiB, "total": 80 * GiB, "procs": [(os.getpid(), GiB)]}])
     hub.add_gpu_source("gpu", GpuCollector(nvml=nvml))
-    hub.tokenizer = TokenizerStatus("identical", overlap=1.0)
-    hub.cost_ratio = CostRatio(0.1, "estimated from parameter counts", 10_000, 1_000)
+    hub.set_tokenizer(TokenizerStatus("identical", overlap=1.0))
+    hub.set_cost_ratio(CostRatio(0.1, "estimated from parameter counts", 10_000, 1_000))
     for _ in range(3):
         hub.record_step(StepStats(running=2, waiting=1, kv_usage=0.25, num_spec_tokens=4, drafts=3, draft_tokens=12,
                                   accepted=7, accepted_per_pos=[3, 2, 1, 1], draft_tokens_per_pos=[3, 3, 3, 3],

@@ -315,7 +315,7 @@ def test_the_same_numbers_give_the_same_schedule_here_and_in_the_live_verdict() 
     clock = Clock()
     hub = Hub(clock=clock)
     hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model", setup=SETUP))
-    hub.cost_ratio = CostRatio(0.02, "estimated from parameters per token", 100, 2)  # under every c measured here
+    hub.set_cost_ratio(CostRatio(0.02, "estimated from parameters per token", 100, 2))  # under every c measured here
     for b, dt in ((1, 0.0040), (4, 0.006), (16, 0.012)):
         for accepted in (4, 4, 4, 3):
             steps(hub, clock, b, dt, 10, accepted=accepted)

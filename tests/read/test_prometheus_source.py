@@ -100,7 +100,7 @@ def storage(request: Any, tmp_path_factory: Any) -> Iterator[Storage]:
     pages = {"single": FIXTURE, "dp2": data_parallel(FIXTURE)}
     serving_since = time.monotonic()
     hub = filled_hub()
-    hub.tokenizer = TokenizerStatus("warning", ("2 added tokens",), overlap=0.98)
+    hub.set_tokenizer(TokenizerStatus("warning", ("2 added tokens",), overlap=0.98))
     endpoint = Endpoint(hub.snapshot, port=0)
     exporters = {name: Exporter(text) for name, text in pages.items()}
     exporters |= {"g": Exporter(lambda: serving(serving_since)), "vllm": Exporter(FIXTURE)}

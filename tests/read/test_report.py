@@ -38,7 +38,7 @@ def recorded_engine(path: Path, weak: bool = False) -> None:
     hub = Hub(clock=clock, window_s=60)
     hub.set_engine(EngineInfo(model="/m/deep01-target", draft_model="/m/deep01-draft", method="draft_model",
                               num_speculative_tokens=4, setup=SETUP))
-    hub.cost_ratio = CostRatio(0.13, "estimated from parameters per token", 40_000_000, 5_000_000)
+    hub.set_cost_ratio(CostRatio(0.13, "estimated from parameters per token", 40_000_000, 5_000_000))
     rec = Recorder(path)
     accepted = [1, 0, 0, 0] if weak else [3, 4, 2, 4]
     step = {1: 0.03 if weak else 0.02, 8: 0.056}  # a speculative step's time by batch size
@@ -215,7 +215,7 @@ def test_report_shows_acceptance_by_traffic_class_worst_first() -> None:
     from tests.read.tui.test_app import class_hub
 
     hub = class_hub()
-    hub.cost_ratio = CostRatio(0.13, "estimated from parameters per token", 40_000_000, 5_000_000)
+    hub.set_cost_ratio(CostRatio(0.13, "estimated from parameters per token", 40_000_000, 5_000_000))
     page, figures = render(Report("classes", "hub", [EngineReport("engine", hub.snapshot())]))
     section = page.split("<h3>Acceptance by traffic class</h3>", 1)[1].split("<h3>", 1)[0]
     assert section.startswith('<img alt="Acceptance by traffic class"') and "engine-classes" in figures

@@ -9,14 +9,15 @@ from pathlib import Path
 import pytest
 
 from specscope.core import acceptance as acc
-from specscope.core.counts import fit_forward, forward_moments
+from specscope.core.counts import forward_moments
 from specscope.core.model import CostRatio, EngineInfo, StepProfile, StepTime
 from specscope.export.alerts.rules import BY_RULE, Thresholds
 from specscope.state.hub import Hub
-from specscope.verdict import estimate, load_profile, measured_cost, save_profile, uncertainty
+from specscope.verdict import estimate, explain, load_profile, measured_cost, save_profile, uncertainty
 from specscope.verdict.speedup import SpeedupEstimate
 from specscope.verdict.uncertainty import DRAFT_FIXED, DRAFT_FIXED_RANGE, MIN_REQUESTS
 from tests.state.test_hub import Clock
+from tests.verdict.test_forward import forward
 from tests.verdict.test_verdict import SETUP, draft_step, speculative_hub, with_baseline
 
 
@@ -58,7 +59,7 @@ def _mixed_hub(c: float, n: int = 20) -> Hub:
     """Half the requests accept every draft token, half none: the engine's counts and its records agree."""
     hub = Hub()
     hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model"))
-    hub.cost_ratio = CostRatio(c, "given")
+    hub.set_cost_ratio(CostRatio(c, "given"))
     hub.record_step(draft_step([4] * (n // 2) + [0] * (n // 2)))
     for i in range(n):
         steps_ = 10 + i
@@ -78,14 +79,14 @@ def test_the_interval_comes_from_the_spread_of_the_requests_and_holds_the_point(
     assert low < est.expected_speedup < high
     # Half the requests accept all of 4 tokens, half none: tokens per step 3 +- what 20 requests leave unsure.
     assert high - low > 0.2 * est.expected_speedup
-    assert "90% interval over 20 requests" in est.explain()
+    assert "90% interval over 20 requests" in explain(est)
     assert all(lo <= p <= hi for lo, p, hi in zip(est.low, est.by_k, est.high, strict=True))
     assert (est.low[est.k], est.high[est.k]) == est.interval  # the bands agree with the running K's interval
 
 
 def test_no_interval_from_too_few_requests_and_the_point_decides() -> None:
     est = estimate(_mixed_hub(1.0, n=MIN_REQUESTS - 2).snapshot())
-    assert est is not None and est.interval is None and "no interval" in est.explain()
+    assert est is not None and est.interval is None and "no interval" in explain(est)
     assert est.surely_loses == (est.expected_speedup < 1.0)
 
 
@@ -107,7 +108,7 @@ def test_a_measured_c_draws_the_step_times_without_requests_to_resample(tmp_path
     low, high = est.interval
     assert low < est.expected_speedup < high and est.surely_loses == loses and (high < 1.0) == loses
     assert est.expected_speedup == pytest.approx(0.94 if not loses else 0.80, abs=0.01)
-    assert "acceptance as observed (too few requests to resample, 8 needed)" in est.explain()
+    assert "acceptance as observed (too few requests to resample, 8 needed)" in explain(est)
     assert est.near_best is None and est.advised_k == est.best_k != est.k
     assert snap.decode_batch == 16
     ((_, exported),) = BY_NAME["specscope.spec_decode.expected_speedup_high"].read(snap)
@@ -127,7 +128,7 @@ def test_not_paying_fires_only_when_speculation_loses_with_confidence(c: float, 
     assert est.surely_loses == fires and (est.interval[1] < 1.0) == fires
     rule = BY_RULE["SpecscopeSpeculationNotPaying"]
     assert rule.firing(snap, Thresholds(weak_draft_min_draft_tokens=10)) == fires
-    assert ("does NOT pay" if fires else "may not pay") in est.explain()
+    assert ("does NOT pay" if fires else "may not pay") in explain(est)
 
 
 def _estimate(k: int, by_k: tuple[float, ...], noise: float = 0.0) -> SpeedupEstimate:
@@ -149,8 +150,8 @@ def test_the_advice_keeps_the_running_k_where_the_best_is_within_its_noise() -> 
     noisy = _estimate(2, by_k, noise=0.05)
     assert _estimate(2, by_k).advised_k == 3 and sure.advised_k == 3 and sure.scheduled_k == 3
     assert noisy.best_k == 3 and noisy.advised_k == 2 and noisy.scheduled_k == 2
-    assert noisy.near_best == (2, 4) and "keep K=2" in noisy.explain() and "K=2-4 are within the noise" in \
-        noisy.explain()
+    assert noisy.near_best == (2, 4) and "keep K=2" in explain(noisy) and "K=2-4 are within the noise" in \
+        explain(noisy)
     # Speculation off only where the running K surely loses.
     losing = (1.0, 0.8, 0.7) + (0.6,) * (acc.K_MAX - 2)
     assert _estimate(1, losing, noise=0.25).advised_k == 1
@@ -165,13 +166,14 @@ def test_a_measured_c_under_the_drafts_parameter_share_is_called_suspect(plain_s
     here: four tokens a step for five passes' cost)."""
     clock = Clock()
     hub = speculative_hub(clock)  # speculative steps of 8 ms at batch 1
-    hub.cost_ratio = CostRatio(1.0, "estimated from parameters per token", 100, 100)  # a draft as large as the target
+    # a draft as large as the target
+    hub.set_cost_ratio(CostRatio(1.0, "estimated from parameters per token", 100, 100))
     hub.set_baseline(StepProfile((StepTime(1, 50, plain_s),), "b", SETUP))
     est = estimate(hub.snapshot(), batch_size=1)
     measured = (0.008 / plain_s - 1) / 4
     assert est is not None and est.measured and measured < 1.0 and est.c == 1.0
-    assert f"{measured:.2f} measured, under the draft's parameter share: priced at the share, 1.00" in est.explain()
-    assert ("likely timed while the machine ran slower" in est.explain()) == suspect
+    assert f"{measured:.2f} measured, under the draft's parameter share: priced at the share, 1.00" in explain(est)
+    assert ("likely timed while the machine ran slower" in explain(est)) == suspect
     assert est.decode_speedup == pytest.approx(4 / 5) and not est.pays
 
 
@@ -183,7 +185,7 @@ def test_a_k_other_than_the_running_one_carries_the_unknown_fixed_cost_of_a_step
     1 + 8c − 0.2·4c up to 1 + 8c nearly; the point takes the middle (``DRAFT_FIXED``)."""
     hub = Hub()
     hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model"))
-    hub.cost_ratio = CostRatio(0.2, "given")
+    hub.set_cost_ratio(CostRatio(0.2, "given"))
     hub.record_step(draft_step([2] * 20))
     for i in range(20):
         hub.requests.record(f"r{i}", prompt_tokens=20 + i, generation_tokens=30, num_spec_tokens=4, spec_steps=10,
@@ -205,11 +207,6 @@ def test_a_k_other_than_the_running_one_carries_the_unknown_fixed_cost_of_a_step
     assert tokens_8 / step(8, 0.03) > est.low[8] >= tokens_8 / step(8, 0.0)
 
 
-def forward(requests: int, tokens: int) -> float:
-    """The target's forward on :func:`forward_baseline`'s machine: 2 ms, 0.05 ms a request, 0.15 ms a token."""
-    return 0.002 + 0.00005 * requests + 0.00015 * tokens
-
-
 def forward_baseline(scale: float = 1.0, prompts: bool = True) -> StepProfile:
     """Plain steps of 3.6, 4.0 and 6.0 ms at batch 1, 4 and 16 (times ``scale``: a machine that ran slower), each
     with its target forwards timed: the decode steps', a token a request, and (with ``prompts``) the 20-token
@@ -219,19 +216,6 @@ def forward_baseline(scale: float = 1.0, prompts: bool = True) -> StepProfile:
     return StepProfile(tuple(StepTime(b, 50, scale * t, forwards=50, forward_s=scale * forward(b, b),
                                       forward_tokens=float(b)) for b, t in ((1, 0.0036), (4, 0.0040), (16, 0.0060))),
                        "b", SETUP, tuple(forward_moments(rows)))
-
-
-def test_the_forwards_fit_tells_a_requests_cost_from_a_tokens() -> None:
-    """Decode forwards (a token a request) and short prompts' give back the machine's costs exactly, summed over two
-    intervals as counts are; decode forwards alone cannot tell the two apart; a long prompt's forward (its attention
-    over itself grows faster than its tokens) is left out."""
-    decode = [(b, b, 40, 40 * forward(b, b)) for b in (1, 2, 4, 8)]
-    prompts = [(b, 12 * b, 1, forward(b, 12 * b)) for b in (1, 4)]
-    both = [x + y for x, y in zip(forward_moments(decode), forward_moments(prompts), strict=True)]
-    assert fit_forward(both) == pytest.approx((0.002, 0.00005, 0.00015))
-    assert fit_forward(forward_moments(decode)) is None
-    assert forward_moments([(1, 500, 1, 1.0)]) == [0.0] * 9
-    assert fit_forward(forward_moments(prompts[:1])) is None  # one forward says nothing
 
 
 def test_a_plain_step_is_priced_from_the_targets_forward_now(tmp_path: Path) -> None:
@@ -335,8 +319,8 @@ def test_an_anchored_baseline_timed_on_a_slower_day_is_not_floored() -> None:
     hub = speculative_hub(clock)
     hub.set_baseline(forward_baseline(2.5))
     unanchored = estimate(hub.snapshot(), batch_size=1)
-    assert unanchored is not None and unanchored.c == 0.25 and "ran slower" in unanchored.explain()
+    assert unanchored is not None and unanchored.c == 0.25 and "ran slower" in explain(unanchored)
     hub.record_forwards(0, [(1, 5, 30, 30 * forward(1, 5))], 5)
     anchored = estimate(hub.snapshot(), batch_size=1)
     assert anchored is not None and anchored.c == pytest.approx((0.008 / 0.0036 - 1) / 4)
-    assert "ran slower" not in anchored.explain() and "parameter share" not in anchored.explain()
+    assert "ran slower" not in explain(anchored) and "parameter share" not in explain(anchored)

@@ -22,6 +22,7 @@ from specscope.verdict import (
     by_batch_line,
     by_batch_size,
     estimate,
+    explain,
     k_schedule,
     k_table,
     load_profile,
@@ -51,7 +52,7 @@ def draft_step(accepted: list[int], k: int = 4, **kw: Any) -> StepStats:
 def hub_with(accepted: list[int], c: float, k: int = 4, method: str = "draft_model") -> Hub:
     hub = Hub()
     hub.set_engine(EngineInfo(num_speculative_tokens=k, method=method))
-    hub.cost_ratio = CostRatio(c, "given")
+    hub.set_cost_ratio(CostRatio(c, "given"))
     hub.record_step(draft_step(accepted, k))
     return hub
 
@@ -68,7 +69,7 @@ def test_estimate_without_step_times_models_tokens_from_the_observed_positions()
     six = acc.tokens_per_step(6, spec.per_position, spec.alpha) / (1 + 6 * 0.05 + DRAFT_FIXED * 0.05 * (4 - 6))
     assert est.by_k[6] == pytest.approx(six) and est.by_k[0] == 1.0
     assert est.pays and est.best_k == max(range(17), key=lambda j: est.by_k[j])
-    assert "pays" in est.explain() and "modelled" in est.explain()
+    assert "pays" in explain(est) and "modelled" in explain(est)
     assert estimate(Hub().snapshot()) is None  # no speculation, no estimate
 
 
@@ -78,8 +79,8 @@ def test_a_draft_that_cannot_pay_is_told_to_turn_speculation_off() -> None:
     assert weak.best_k == 0 and weak.best_speedup == 1.0
     # Off means speculative_config removed: a K=0 range in vLLM's schedule still runs a draft pass a step.
     assert weak.k0_speedup == pytest.approx(1 / 1.5) and weak.scheduled_k == 1 and weak.scheduled_speedup < 1
-    assert "turn speculation off (remove speculative_config, a restart)" in weak.explain()
-    assert "K=0 in vLLM's schedule would run at 0.67x" in weak.explain()
+    assert "turn speculation off (remove speculative_config, a restart)" in explain(weak)
+    assert "K=0 in vLLM's schedule would run at 0.67x" in explain(weak)
 
 
 def test_k0_costs_nothing_modelled_for_model_free_methods() -> None:
@@ -202,7 +203,7 @@ def speculative_hub(clock: Clock, accepted: int = 3, sixteen_s: float = 0.030) -
     6 ms); every request accepts ``accepted`` of its 4 draft tokens."""
     hub = Hub(clock=clock)
     hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model", setup=SETUP))
-    hub.cost_ratio = CostRatio(0.25, "estimated from parameters per token", 100, 25)
+    hub.set_cost_ratio(CostRatio(0.25, "estimated from parameters per token", 100, 25))
     steps(hub, clock, 1, 0.008, 30, accepted=accepted, prefill_s=0.004)
     steps(hub, clock, 16, sixteen_s, 30, accepted=accepted, prefill_s=0.064)
     return hub
@@ -221,7 +222,7 @@ def test_the_traffic_answer_weighs_each_batch_size_by_the_time_spent_there(tmp_p
     clock = Clock()
     hub = Hub(clock=clock, window_s=3600)
     hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model", setup=SETUP))
-    hub.cost_ratio = CostRatio(0.25, "estimated from parameters per token", 100, 25)
+    hub.set_cost_ratio(CostRatio(0.25, "estimated from parameters per token", 100, 25))
     assert traffic_speedup(hub.snapshot()) is None  # nothing ran: absent, not 1.0
     steps(hub, clock, 1, 0.008, 90, accepted=3, prefill_s=0.004)
     steps(hub, clock, 16, 0.030, 30, accepted=3, prefill_s=0.064)
@@ -261,8 +262,8 @@ def test_a_baseline_slower_than_the_speculative_steps_is_not_taken_as_free_specu
     snap = hub.snapshot()
     sixteen, one = estimate(snap, batch_size=16), estimate(snap, batch_size=1)
     assert sixteen is not None and sixteen.measured and sixteen.c == 0.25
-    assert "0.00 measured, under the draft's parameter share: priced at the share, 0.25" in sixteen.explain()
-    assert "likely timed while the machine ran slower" in sixteen.explain()
+    assert "0.00 measured, under the draft's parameter share: priced at the share, 0.25" in explain(sixteen)
+    assert "likely timed while the machine ran slower" in explain(sixteen)
     assert one is not None and one.measured and one.c == pytest.approx((0.008 / 0.0036 - 1) / 4)
     assert [c.batch_size for c in k_table(snap)] == [1, 16]
     hub.set_engine(EngineInfo(num_speculative_tokens=4, method="eagle", setup=SETUP))
@@ -291,7 +292,7 @@ def test_measured_estimate_uses_observed_tokens_and_step_times_by_batch_size(tmp
     assert one.expected_speedup == pytest.approx((rho / 1.25 + decode_1) / (rho + 1))
     assert one.prefill_share == pytest.approx(rho / (1 + rho))
     assert sixteen.decode_speedup == pytest.approx(tokens * 0.0060 / 0.030) and not sixteen.pays
-    assert "measured at batch 16: 30.0 ms per speculative step, 6.0 ms without speculation" in sixteen.explain()
+    assert "measured at batch 16: 30.0 ms per speculative step, 6.0 ms without speculation" in explain(sixteen)
     assert estimate(snap) == sixteen  # the operating batch (here the last decode batch: the window is idle)
     assert by_batch_line([one, sixteen]) == (f"by batch size 1: {one.expected_speedup:.2f}x  16: "
                                              f"{sixteen.expected_speedup:.2f}x; pays at batch 1, not at 16")
@@ -305,7 +306,7 @@ def test_prefill_at_other_batch_sizes_counts_per_request() -> None:
     clock = Clock()
     hub = Hub(clock=clock)
     hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model"))
-    hub.cost_ratio = CostRatio(0.2, "given")
+    hub.set_cost_ratio(CostRatio(0.2, "given"))
     clock.t += 2.0
     hub.record_step(StepStats(running=16, waiting=0, prompt_tokens=16 * 490, generation_tokens=16, batch=11,
                               prefill=True, first_tokens=16, first_token_s=2.0))
@@ -442,7 +443,7 @@ def test_observed_tokens_per_step_beat_the_alpha_model_at_the_running_k() -> Non
     clock = Clock()
     hub = Hub(clock=clock)
     hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model"))
-    hub.cost_ratio = CostRatio(0.1, "given")
+    hub.set_cost_ratio(CostRatio(0.1, "given"))
     per_pos = [72, 36, 18, 9]
     counts = [8, 36, 18, 9, 9]  # drafts accepting exactly 0..4 tokens
     accepted = [j for j, n in enumerate(counts) for _ in range(n)]
@@ -480,13 +481,13 @@ def test_a_prefill_share_never_timed_is_unknown_not_zero(tmp_path: Path) -> None
     clock = Clock()
     hub = Hub(clock=clock)
     hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model", setup=SETUP))
-    hub.cost_ratio = CostRatio(1.0, "estimated from parameters per token", 100, 100)
+    hub.set_cost_ratio(CostRatio(1.0, "estimated from parameters per token", 100, 100))
     steps(hub, clock, 1, 0.008, 30, accepted=3)  # no prefill step timed
     with_baseline(hub, tmp_path)
     est = estimate(hub.snapshot(), batch_size=1)
     assert est is not None and est.prefill_share is None
     assert est.expected_speedup == pytest.approx(est.decode_speedup)
-    assert "prefill not timed at this batch size: decode only" in est.explain()
+    assert "prefill not timed at this batch size: decode only" in explain(est)
     steps(hub, clock, 1, 0.008, 30, accepted=3, prefill_s=0.004)
     timed = estimate(hub.snapshot(), batch_size=1)
     assert timed is not None and timed.prefill_share is not None and timed.prefill_share > 0
@@ -512,7 +513,7 @@ def test_lossy_verification_is_said_and_a_dropped_schedule_is_not_offered(tmp_pa
                               rejection_sample_method="fly"))
     snap = hub.snapshot()
     est = estimate(snap)
-    assert est is not None and "loose accepts (rejection_sample_method fly)" in est.explain()
+    assert est is not None and "loose accepts (rejection_sample_method fly)" in explain(est)
     from specscope.export.summary import summary
 
     assert "verification fly (lossy" in summary(snap)
@@ -544,8 +545,7 @@ def test_the_verdict_is_computed_once_per_snapshot_and_afresh_for_a_changed_one(
     assert estimate(snap, batch_size=1) is first  # every reader of this snapshot shares one computation
     assert [e.batch_size for e in by_batch_size(snap)] == [1, 16] and by_batch_size(snap)[0] is first
     changed = replace(snap, baseline=None)
-    assert changed.derived == {}  # a changed snapshot starts afresh ...
-    again = estimate(changed, batch_size=1)
+    again = estimate(changed, batch_size=1)  # a changed snapshot starts afresh ...
     assert again is not None and not again.measured  # ... and its verdict follows the change
     assert codec.from_dict(codec.to_dict(snap)) == snap and "derived" not in codec.to_dict(snap)
 
@@ -563,7 +563,7 @@ def k0_hub(clock: Clock, window_s: float = 60.0, method: str = "draft_model", sp
     setup = replace(SETUP, max_num_seqs=32)
     hub = Hub(clock=clock, window_s=window_s)
     hub.set_engine(EngineInfo(num_speculative_tokens=1, method=method, setup=setup, k_schedule=K0_SCHEDULE))
-    hub.cost_ratio = CostRatio(0.1, "estimated from parameters per token", 100, 10)
+    hub.set_cost_ratio(CostRatio(0.1, "estimated from parameters per token", 100, 10))
     plain = {b: 0.0034 + 0.00017 * b for b in (1, 4, 16, 24, 32)}
     hub.set_baseline(StepProfile(tuple(StepTime(b, 50, t, spread=spread) for b, t in plain.items() if b != 24),
                                  "measured on /m/target", setup))
@@ -601,7 +601,7 @@ def test_a_followed_k0_range_stays_measured_and_the_advice_is_a_fixed_point() ->
     # K=1 there: batch 1's 1.25 tokens a step, for the pass and one more token verified a request.
     assert sixteen.by_k[1] == pytest.approx(1.25 / (1 + 0.1 + verify)) and sixteen.by_k[1] < sixteen.k0_speedup
     assert sixteen.by_k[0] == 1.0 and sixteen.best_k == 0 and sixteen.scheduled_k == 0
-    text = sixteen.explain()
+    text = explain(sixteen)
     assert "the schedule's K=0 range at batch 16 runs 0.91x" in text
     assert "measured at batch 16, where the schedule runs K=0: the draft's pass 0.10" in text
     assert f"plus {verify:.2f} for verifying one more token a request" in text
@@ -625,7 +625,7 @@ def test_a_k0_range_measured_faster_than_the_baseline_is_priced_at_the_drafts_we
     sixteen = estimate(snap, batch_size=16)
     assert sixteen is not None and sixteen.measured and sixteen.k == 0
     assert sixteen.expected_speedup == pytest.approx(1 / 1.1)
-    assert "0.00 measured, under the draft's parameter share: priced at the share" in sixteen.explain()
+    assert "0.00 measured, under the draft's parameter share: priced at the share" in explain(sixteen)
     assert {c.batch_size for c in k_table(snap)} == {1, 16, 24} and k_schedule(snap) == list(K0_SCHEDULE)
     eagle = k0_hub(Clock(), method="eagle", pass_cost=-0.05).snapshot()
     assert {c.batch_size for c in k_table(eagle)} == {1}
@@ -652,13 +652,13 @@ def test_a_k0_range_has_an_interval_and_prices_k_above_0_from_the_requests() -> 
     assert low < est.expected_speedup < high and not est.pays
     # 9% under plain, where the run saw its step times move 5% (the baseline's rounds; the same drift assumed between
     # the baseline's moment and a restart's): a loss, not a sure one. Where they moved 2%, a sure one.
-    assert high >= 1.0 and not est.surely_loses and "may not pay (its interval reaches 1.0x)" in est.explain()
-    assert at(0.02).surely_loses and "does NOT pay" in at(0.02).explain()
+    assert high >= 1.0 and not est.surely_loses and "may not pay (its interval reaches 1.0x)" in explain(est)
+    assert at(0.02).surely_loses and "does NOT pay" in explain(at(0.02))
     assert (est.low[0], est.high[0]) == (1.0, 1.0)  # speculation removed: plain speed
     assert all(lo < p < hi for lo, p, hi in zip(est.low[1:], est.by_k[1:], est.high[1:], strict=True))
     ngram = estimate(k0_hub(Clock(), method="ngram").snapshot(), batch_size=16)
     assert ngram is not None and ngram.k == 0 and ngram.measured
-    assert "no model runs, the speculative path alone costs c 0.10" in ngram.explain()
+    assert "no model runs, the speculative path alone costs c 0.10" in explain(ngram)
 
 
 def test_the_not_paying_alert_can_fire_at_a_k0_range() -> None:
@@ -677,7 +677,7 @@ def test_the_not_paying_alert_can_fire_at_a_k0_range() -> None:
     near = k0_hub(Clock(), window_s=600.0)
     est = estimate(near.snapshot())
     assert est is not None and est.expected_speedup == pytest.approx(0.91, abs=0.005) and est.interval is not None
-    assert est.interval[0] < 0.85 and est.interval[1] >= 1.0 and "may not pay" in est.explain()
+    assert est.interval[0] < 0.85 and est.interval[1] >= 1.0 and "may not pay" in explain(est)
     assert Evaluator(near, rules=[rule], thresholds=Thresholds(weak_draft_for_s=0, window_s=600)).evaluate() == []
 
 
@@ -725,11 +725,11 @@ def test_a_machine_whose_speed_moves_widens_the_interval_by_what_the_live_steps_
     assert steady.interval is not None and moved.interval is not None
     assert steady.expected_speedup == pytest.approx(moved.expected_speedup)  # the same mean step time
     width = (moved.interval[1] - moved.interval[0]) / (steady.interval[1] - steady.interval[0])
-    assert width > 1.5 and "as the live steps move from second to second" in moved.explain()
-    assert "drift between moments: speculative 6.5%, plain 4.6%, the least assumed" in steady.explain()
+    assert width > 1.5 and "as the live steps move from second to second" in explain(moved)
+    assert "drift between moments: speculative 6.5%, plain 4.6%, the least assumed" in explain(steady)
     _, rounds_moved = run(0.0, rounds_spread=0.12)
     assert rounds_moved.interval is not None and "drift between moments: 12%, as the baseline's rounds moved" in \
-        rounds_moved.explain()
+        explain(rounds_moved)
     assert (rounds_moved.interval[1] - rounds_moved.interval[0]) > 1.5 * (steady.interval[1] - steady.interval[0])
 
 
@@ -739,7 +739,7 @@ def test_an_engine_that_manages_k_itself_gets_no_schedule_and_its_drafted_k_is_r
     engine drafted per verify step stands beside the one the verdict would pick."""
     from types import SimpleNamespace
 
-    from specscope.engine.vllm_reader import engine_info
+    from specscope.engine.vllm_config import engine_info
     from specscope.export.summary import summary
 
     spec = SimpleNamespace(method="draft_model", num_speculative_tokens=4, model="/m/draft",

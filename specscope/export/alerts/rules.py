@@ -18,7 +18,7 @@ from specscope.core.model import Snapshot
 from specscope.export.alerts.recording import ENGINE, SPECSCOPE, VLLM, Source, class_series, duration
 from specscope.export.catalogue import exported_name as _p
 from specscope.export.summary import percent
-from specscope.verdict import MIN_STEPS, estimate
+from specscope.verdict import MIN_STEPS, estimate, explain
 
 #: The runbook, relative to specscope's repository (docs/runbook.md has a section per rule).
 RUNBOOK = "docs/runbook.md"
@@ -467,7 +467,7 @@ def describe(rule: Rule, snap: Snapshot, t: Thresholds) -> tuple[str, str]:
         "per_position": ", ".join(percent(r) for r in w.per_position) if w else "n/a",
         "block_usage": percent(snap.kv.block_usage),
         "token_usage": percent(snap.kv.token_usage),
-        "speedup_detail": est.explain() if (est := estimate(snap)) else "no estimate",
+        "speedup_detail": explain(est) if (est := estimate(snap)) else "no estimate",
         "draft_kv": cost.explain() if (cost := draft_kv_cost(snap)) else "n/a",
         "allocator": waste.explain() if (waste := allocator_waste(snap)) else "n/a",
         "tokenizer": "; ".join(snap.tokenizer.reasons) if snap.tokenizer and snap.tokenizer.reasons else "n/a",

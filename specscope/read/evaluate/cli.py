@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from specscope.core.bad_input import fail
 from specscope.read.evaluate.render import render_html, render_text, to_dict
 from specscope.read.evaluate.results import Candidate, Evaluation
 from specscope.read.evaluate.runner import EngineStopped, Runner, gpu_memory_split
@@ -74,10 +75,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace, engine_kw: dict[str, Any]) -> int:
     """Run ``specscope evaluate``: exit 0 done, 2 bad input, 1 the plain engine stopped and 130 interrupted (both
     with what was measured written, marked partial)."""
-    def fail(message: str) -> int:
-        print(f"specscope: error: {message}", file=sys.stderr)
-        return 2
-
     try:
         ks, sizes = _ints(args.k, "--k"), _ints(args.batch_sizes, "--batch-sizes")
         if args.rounds < 1 or not args.window_s > 0 or args.max_tokens < 1 or args.data_parallel_size < 1:
@@ -196,6 +193,5 @@ def _write(ev: Evaluation, args: argparse.Namespace) -> int:
             Path(args.out).write_text(render_html(ev), encoding="utf-8")
             print(f"wrote {args.out}")
     except OSError as exc:
-        print(f"specscope: error: cannot write the results: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+        return fail(f"cannot write the results: {exc.strerror or exc}")
     return 0

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-from collections.abc import Sequence
-from urllib.parse import urlsplit
 
 from specscope.core import codec
-from specscope.core.auth import is_loopback
+from specscope.core.auth import KEY_WITHHELD, add_key_arguments, key_headers, url_origin
+from specscope.core.bad_input import EXIT_BAD_INPUT, UsageError, fail
 from specscope.core.model import Snapshot
 from specscope.export.alerts.rules import Thresholds
 from specscope.read.fleet import Target, run_once
@@ -20,14 +18,9 @@ from specscope.read.scrape import (
     EndpointSource,
     Source,
     SourceError,
-    base_url,
     sglang_source,
     vllm_source,
 )
-
-
-class UsageError(ValueError):
-    """Bad arguments: one line, exit code 2."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -55,74 +48,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="with --once: print it as JSON")
 
 
-def add_key_arguments(p: argparse.ArgumentParser, where: str) -> None:
-    """``--api-key`` and ``--api-key-host`` for the URLs ``where`` names (``top``'s --url, ``report``'s source)."""
-    p.add_argument("--api-key", default=os.environ.get("SPECSCOPE_API_KEY") or os.environ.get("VLLM_API_KEY"),
-                   metavar="KEY", help=f"bearer token for {where}: the server's --api-key (its /specscope) or the "
-                   "endpoint's SPECSCOPE_API_KEY. Sent only to loopback hosts (127.0.0.1, ::1, localhost) and to the "
-                   f"hosts named with --api-key-host, never elsewhere (default: $SPECSCOPE_API_KEY, else "
-                   "$VLLM_API_KEY)")
-    p.add_argument("--api-key-host", action="append", default=[], metavar="HOST[:PORT]",
-                   help=f"also send --api-key to {where} on this host (repeatable, or comma-separated). Over plain "
-                   "http:// the key crosses the network readable: specscope warns; prefer https:// or an SSH tunnel")
-
-
-def auth_headers(api_key: str | None) -> dict[str, str]:
-    """The header a server started with ``--api-key`` wants."""
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-
-def _split(url: str, flag: str) -> tuple[str, str, int]:
-    """``(scheme, host, port)`` of a target URL; UsageError, in a sentence, for one that is not a URL."""
-    try:
-        parts = urlsplit(base_url(url))
-        host, port = parts.hostname, parts.port
-    except ValueError as exc:
-        reason = "its port is not a number from 0 to 65535" if "port" in str(exc).lower() else str(exc)
-        raise UsageError(f"{flag} {url!r} is not a URL ({reason[:1].lower() + reason[1:]})") from None
-    if not host:
-        raise UsageError(f"{flag} {url!r} names no host")
-    return parts.scheme, host, port or (443 if parts.scheme == "https" else 80)
-
-
-def _host_spec(spec: str) -> tuple[str, int | None]:
-    """``--api-key-host`` HOST, HOST:PORT, [V6] or [V6]:PORT as ``(host, port or None)``."""
-    host, port = spec.strip(), ""
-    if host.startswith("["):
-        host, _, port = host[1:].partition("]")
-        port = port.removeprefix(":")
-    elif host.count(":") == 1:
-        host, _, port = host.partition(":")
-    if not host or (port and not port.isdigit()):
-        raise UsageError(f"--api-key-host takes HOST or HOST:PORT, got {spec!r}")
-    return host.lower().rstrip("."), int(port) if port else None
-
-
-def key_headers(urls: Sequence[str], api_key: str | None, key_hosts: Sequence[str],
-                flag: str = "--url") -> list[dict[str, str]]:
-    """Each URL's headers: the API key where it may go (a loopback host, or one named in ``key_hosts``), nothing
-    elsewhere. Warns once on stderr when the key would cross the network over plain http; UsageError for a URL or
-    host that is not one."""
-    targets = [_split(u, flag) for u in urls]
-    named = [_host_spec(h) for spec in key_hosts for h in spec.split(",") if h.strip()]
-    if named and not api_key:
-        raise UsageError("--api-key-host goes with --api-key (or $SPECSCOPE_API_KEY, $VLLM_API_KEY)")
-    for host, port in named:
-        if not any(host == h and port in (None, p) for _, h, p in targets):
-            shown = f"[{host}]" if ":" in host else host
-            raise UsageError(f"--api-key-host {shown}{'' if port is None else f':{port}'} matches no {flag} host")
-    out, plain = [], []
-    for scheme, host, port in targets:
-        send = bool(api_key) and (is_loopback(host) or any(host == h and q in (None, port) for h, q in named))
-        if send and scheme == "http" and not is_loopback(host) and host not in plain:
-            plain.append(host)
-        out.append(auth_headers(api_key) if send else {})
-    if plain:
-        print(f"specscope: warning: the API key goes to {', '.join(plain)} over plain http, readable by anyone on "
-              "the way; prefer https:// or an SSH tunnel to 127.0.0.1", file=sys.stderr)
-    return out
-
-
 class _KeyWithheld(EndpointSource):
     """A --url the API key does not go to: a 401 says why it was not sent."""
 
@@ -131,8 +56,7 @@ class _KeyWithheld(EndpointSource):
             return super().fetch()
         except SourceError as exc:
             if str(exc).endswith("HTTP 401"):
-                raise SourceError(f"{exc} (the API key goes only to loopback hosts and to those named with "
-                                  "--api-key-host)") from None
+                raise SourceError(f"{exc} ({KEY_WITHHELD})") from None
             raise
 
 
@@ -143,7 +67,7 @@ def sources(args: argparse.Namespace) -> list[Source]:
                          else _KeyWithheld(u, args.timeout) for u, h in zip(args.url, headers, strict=True)]
     for flag in ("--vllm", "--sglang"):
         for u in getattr(args, flag[2:]):
-            _split(u, flag)
+            url_origin(u, flag)
     out += [vllm_source(u, args.timeout) for u in args.vllm]
     out += [sglang_source(u, args.timeout) for u in args.sglang]
     if args.selector and not args.prometheus:
@@ -184,16 +108,14 @@ def main(args: argparse.Namespace) -> int:
             player = Player(args.replay)
             srcs = [ReplaySource(player, name) for name in player.targets]
     except (UsageError, RuleConfigError, ValueError) as exc:
-        print(f"specscope: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(exc)
     targets = [Target(s, thresholds, baseline=baseline) for s in srcs]
     if args.once:
         return _once(targets, args, player)
     try:
         recorder = Recorder(args.record, int(args.record_max_mb * (1 << 20))) if args.record else None
     except OSError as exc:
-        print(f"specscope: error: cannot write {args.record}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+        return fail(f"cannot write {args.record}: {exc.strerror or exc}")
     from specscope.read.tui.app import TopApp
 
     app = TopApp(targets, interval=args.interval, window_s=args.window, player=player, recorder=recorder,
@@ -222,15 +144,19 @@ def _once(targets: list[Target], args: argparse.Namespace, player: object | None
     else:
         run_once(targets)
     failed = [t for t in targets if t.error or t.snapshot is None]
+    # A --url that names another kind of server (vLLM's root, not its /specscope) is bad input, said as such.
+    misnamed = [t for t in failed if isinstance(t.source, EndpointSource) and t.source.not_an_endpoint]
     for t in failed:
-        print(f"specscope: {t.name}: {t.error or 'no snapshot'}", file=sys.stderr)
+        if t in misnamed:
+            fail(t.error)
+        else:
+            print(f"specscope: {t.name}: {t.error or 'no snapshot'}", file=sys.stderr)
     good = [t for t in targets if t not in failed]
     refused = [t for t in good if args.baseline and t.snapshot and t.snapshot.baseline_problem]
     for t in refused:
-        print(f"specscope: error: {t.name}: baseline refused: {t.snapshot.baseline_problem}",  # type: ignore[union-attr]
-              file=sys.stderr)
-    if refused:
-        return 2
+        fail(f"{t.name}: baseline refused: {t.snapshot.baseline_problem}")  # type: ignore[union-attr]
+    if refused or misnamed:
+        return EXIT_BAD_INPUT
     if args.json:
         docs = {t.name: codec.to_dict(t.windowed(args.window)) for t in good}  # type: ignore[arg-type]
         print(json.dumps(next(iter(docs.values())) if len(targets) == 1 and docs else docs, indent=1))

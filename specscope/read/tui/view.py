@@ -24,6 +24,7 @@ from specscope.verdict import (
     recommended_config,
     traffic_speedup,
 )
+from specscope.verdict.vllm_policy import lossy_verification, one_k_reason
 
 BAR = 20
 
@@ -135,7 +136,7 @@ def spec_panel(snap: Snapshot | None, threshold: float, history: list[float] | N
     t.append(f"acceptance {_bar(rate, 12 if compact else BAR, marker=threshold)} ")
     t.append(percent(rate), style="bold red" if weak else "bold green")
     t.append(" WEAK\n" if weak else f" (limit {percent(threshold)})\n")
-    if snap.engine.lossy_verification:
+    if lossy_verification(snap.engine):
         t.append(f"verification {snap.engine.rejection_sample_method} (lossy): acceptance counts loose accepts; "
                  "not comparable with exact verification\n", style="yellow")
     if history:
@@ -197,8 +198,8 @@ def spec_panel(snap: Snapshot | None, threshold: float, history: list[float] | N
             config = recommended_config(snap)
             if config is None:
                 advice = "remove speculative_config: no K pays"
-            elif snap.engine.one_k_reason is not None:
-                advice = f"none ({snap.engine.one_k_reason}); run K={config['num_speculative_tokens']}"
+            elif (reason := one_k_reason(snap.engine)) is not None:
+                advice = f"none ({reason}); run K={config['num_speculative_tokens']}"
             else:
                 advice = config_text(config)
             t.append(f"K schedule: {advice}\n")

@@ -90,7 +90,7 @@ def test_idle_or_short_lived_weakness_raises_nothing() -> None:
 def test_rules_on_snapshot_fields() -> None:
     clock = Clock()
     hub = Hub(clock=clock)
-    hub.tokenizer = TokenizerStatus("mismatch", ("ids differ",))
+    hub.set_tokenizer(TokenizerStatus("mismatch", ("ids differ",)))
     ev = Evaluator(hub, rules=[BY_RULE["SpecscopeTokenizerMismatch"]], clock=clock)
     (a,) = ev.evaluate()
     assert a.state == "firing" and a.severity == "critical"  # for: 0 fires at once
@@ -119,7 +119,7 @@ def test_a_failing_notifier_is_counted_not_raised() -> None:
 
 def test_alert_loop_evaluates_in_the_background() -> None:
     hub = Hub(window_s=10)
-    hub.tokenizer = TokenizerStatus("mismatch")
+    hub.set_tokenizer(TokenizerStatus("mismatch"))
     rec = Recorder()
     loop = AlertLoop(Evaluator(hub, rules=[BY_RULE["SpecscopeTokenizerMismatch"]], notifiers=[rec]), 0.05)
     try:

@@ -299,7 +299,7 @@ def test_the_class_table_prices_each_class_and_counts_the_folded_names() -> None
     from specscope.read.tui.view import classes_panel
 
     hub = class_hub()
-    hub.cost_ratio = CostRatio(0.13, "estimated from parameters per token", 40_000_000, 5_000_000)
+    hub.set_cost_ratio(CostRatio(0.13, "estimated from parameters per token", 40_000_000, 5_000_000))
     title, header, *rows = classes_panel(replace(hub.snapshot(), folded_classes=3), 0.3).plain.splitlines()
     assert title == "TRAFFIC CLASSES (worst acceptance first, +3 classes folded into other; c to sort)"
     assert header.split()[:6] == ["class", "kind", "req", "share", "accept", "len"]

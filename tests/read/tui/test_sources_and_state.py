@@ -234,3 +234,93 @@ def test_an_unanswered_probe_flags_nothing() -> None:
     with http_server(handle) as url:
         snap = vllm_source(url).fetch()
     assert NO_PLUGIN not in snap.unavailable and "requests" in snap.unavailable
+
+
+def _vllm_server(plugin_status: int, asked: list[tuple[str, str | None]]) -> Any:
+    """A handler that answers as ``vllm serve`` does (404 on paths it lacks, ``/version``), with specscope's
+    middleware answering ``plugin_status`` on /specscope/snapshot; it notes each path and its Authorization."""
+    snapshot = json.dumps(codec.to_dict(busy_hub(Clock()).snapshot())).encode()
+
+    def handle(req: Any) -> None:
+        asked.append((req.path, req.headers.get("Authorization")))
+        path = req.path.partition("?")[0]
+        if path == "/version":
+            reply(req, 200, b'{"version":"0.11.0"}', "application/json")
+        elif path == "/specscope/snapshot" and plugin_status == 200:
+            reply(req, 200, snapshot, "application/json")
+        elif path == "/specscope/snapshot":
+            reply(req, plugin_status, b'{"error": "Unauthorized"}', "application/json")
+        else:
+            reply(req, 404, b'{"detail":"Not Found"}', "application/json")
+
+    return handle
+
+
+@pytest.mark.parametrize("plugin_status", [200, 401, 404])
+def test_a_url_naming_a_vllm_server_says_what_reads_it(plugin_status: int) -> None:
+    """`top --url` at a vLLM server's root (its /snapshot: 404) says, in one line and exit 2, that it is a vLLM server
+    and where specscope's snapshot is (the middleware's /specscope, a 401 there included), or that --vllm reads
+    vLLM's own /metrics where that is 404 too; the server is asked once (not on every poll), with the same key."""
+    import subprocess
+    import sys
+
+    from specscope.read.scrape import NotAnEndpoint
+
+    asked: list[tuple[str, str | None]] = []
+    key = {"Authorization": "Bearer k"}
+    with http_server(_vllm_server(plugin_status, asked)) as url:
+        t = Target(EndpointSource(url, headers=key))
+        t.poll()
+        t.poll()
+        probes, asked[:] = list(asked), []
+        r = subprocess.run([sys.executable, "-m", "specscope.cli", "top", "--url", url, "--once"],
+                           capture_output=True, text=True, timeout=60)
+        asked[:] = []
+        if plugin_status == 404:  # the right URL, on a server without specscope
+            with pytest.raises(NotAnEndpoint) as direct:
+                EndpointSource(url + "/specscope").fetch()
+    own = f"--vllm {url} reads vLLM's own /metrics"
+    if plugin_status == 404:
+        said = f"{url} is a vLLM server without specscope (/specscope/snapshot: 404): {own}"
+        assert str(direct.value) == said
+        assert asked == [("/specscope/snapshot", None), ("/version", None)]  # its own 404 is not asked again
+    else:
+        said = f"{url} is a vLLM server: specscope's snapshot is at {url}/specscope ({own})"
+    assert t.error == said and t.source.not_an_endpoint == said  # type: ignore[attr-defined]
+    assert probes == [("/snapshot", "Bearer k"), ("/version", "Bearer k"),
+                      (f"/specscope/snapshot?since={2**63 - 1}", "Bearer k"), ("/snapshot", "Bearer k")]
+    assert r.returncode == 2 and r.stderr == f"specscope: error: {said}\n", r.stderr
+
+
+def test_a_url_read_right_asks_nothing_more_and_other_404s_stay_plain(tmp_path: Any) -> None:
+    """The remote read asks only for /snapshot where it works; a 404 from a server that is not vLLM stays the plain
+    HTTP 404 (a target down, exit 1); `report` says the vLLM line as bad input too."""
+    import subprocess
+    import sys
+
+    asked: list[tuple[str, str | None]] = []
+    with http_server(_vllm_server(200, asked)) as url:
+        good = Target(EndpointSource(url + "/specscope"))
+        for _ in range(3):
+            good.poll()
+        served, asked[:] = [p for p, _ in asked], []
+        rep = subprocess.run([sys.executable, "-m", "specscope.cli", "report", url, "--duration", "0", "-o",
+                              str(tmp_path / "r.html")], capture_output=True, text=True, timeout=60)
+    assert good.error is None and good.snapshot is not None
+    assert [p.partition("?")[0] for p in served] == ["/specscope/snapshot"] * 3
+    assert rep.returncode == 2 and rep.stderr == (f"specscope: error: {url} is a vLLM server: specscope's snapshot is "
+                                                  f"at {url}/specscope (--vllm {url} reads vLLM's own /metrics)\n")
+    plain: list[str] = []
+
+    def nothing_here(req: Any) -> None:
+        plain.append(req.path)
+        reply(req, 404, b"not found")
+
+    with http_server(nothing_here) as url:
+        t = Target(EndpointSource(url))
+        t.poll()
+        r = subprocess.run([sys.executable, "-m", "specscope.cli", "top", "--url", url, "--once"],
+                           capture_output=True, text=True, timeout=60)
+    assert t.error == f"{url}/snapshot: HTTP 404" and t.source.not_an_endpoint is None  # type: ignore[attr-defined]
+    assert plain[:2] == ["/snapshot", "/version"]
+    assert r.returncode == 1 and r.stderr == f"specscope: {url}: {url}/snapshot: HTTP 404\n"

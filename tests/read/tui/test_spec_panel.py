@@ -7,11 +7,12 @@ from dataclasses import replace
 
 import pytest
 
-from specscope.core.model import SCHEDULABLE_METHODS, EngineInfo, StepProfile, StepTime
+from specscope.core.model import EngineInfo, StepProfile, StepTime
 from specscope.core.sizing import MODEL_FREE_METHODS
 from specscope.read.tui.view import spec_panel
 from specscope.state.hub import Hub
 from specscope.verdict import estimate, k_table, recommended_config, schedule_text
+from specscope.verdict.vllm_policy import SCHEDULABLE_METHODS
 from tests.verdict.test_verdict import K0_SCHEDULE, SETUP, STEEP, Clock, k0_hub, steps
 
 #: specscope's methods, and two of vLLM's that it lists nowhere.

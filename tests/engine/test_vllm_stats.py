@@ -1,24 +1,17 @@
-"""The reader on vLLM's own stats classes, built the way vLLM's scheduler and output processor fill them."""
+"""The stats reader on vLLM's own stats classes, built the way vLLM's scheduler and output processor fill them."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from specscope.core.counts import STEP_FIELDS, StepBatch, StepStats
-from specscope.engine import share, vllm_logger, vllm_reader
+from specscope.engine import vllm_stats
 from specscope.engine.vllm_logger import SpecscopeStatLogger
-from specscope.export import exports
 from specscope.state.hub import Hub
 from tests.conftest import REPO
-from tests.engine.test_share import declared_entry_points
 
 stats = pytest.importorskip("vllm.v1.metrics.stats")
 spec_metrics = pytest.importorskip("vllm.v1.spec_decode.metrics")
@@ -31,7 +24,7 @@ def step_of(batch: StepBatch, i: int) -> StepStats:
 
 def read_step(sched: Any, it: Any, missing: list[str] | None = None) -> StepStats:
     """One step, read as the stat logger reads a batch of them."""
-    return step_of(vllm_reader.read_steps([0.0], [sched], [it], missing), 0)
+    return step_of(vllm_stats.read_steps([0.0], [sched], [it], missing), 0)
 
 
 def make_stats() -> tuple[object, object]:
@@ -70,7 +63,7 @@ def test_read_step_counts_like_vllms_prometheus_logger() -> None:
 
 def test_finished_requests_and_spec_fields() -> None:
     _, it = make_stats()
-    (fin,) = vllm_reader.finished_requests(it)
+    (fin,) = vllm_stats.finished_requests(it)
     f = fin.fields
     assert fin.request_id == "req-1" and not fin.complete and fin.per_step is None
     assert f["finish_reason"] == "length" and f["cached_tokens"] == 16
@@ -78,7 +71,7 @@ def test_finished_requests_and_spec_fields() -> None:
     m = stats.RequestSpecDecodeMetrics.new(4)
     m.observe(num_draft_tokens=4, num_accepted=3)
     m.observe(num_draft_tokens=4, num_accepted=0)
-    assert vllm_reader.spec_fields(m) == vllm_reader.spec_fields(m.to_dict()) == {
+    assert vllm_stats.spec_fields(m) == vllm_stats.spec_fields(m.to_dict()) == {
         "num_spec_tokens": 4, "spec_steps": 2, "draft_tokens": 8, "accepted_tokens": 3,
         "acceptance_histogram": (1, 0, 0, 1, 0),
     }
@@ -96,7 +89,7 @@ def test_the_output_processor_hook_completes_each_record_and_separates_n_samples
     m.observe(num_draft_tokens=4, num_accepted=3, detailed=True)
     setattr(it.finished_requests[0], ATTRIBUTE, Extras(0, m, 0.042, None, None, "code"))
     setattr(child, ATTRIBUTE, Extras(1, None, None, None, None, None))
-    first, second = vllm_reader.finished_requests(it)
+    first, second = vllm_stats.finished_requests(it)
     assert (first.request_id, second.request_id) == ("req-1#0", "req-1#1") and first.complete
     assert first.fields["ttft_s"] == 0.042 and first.fields["accepted_tokens"] == 3
     assert first.per_step == ([3], [4]) and second.per_step is None
@@ -238,7 +231,7 @@ def test_a_step_split_among_api_server_processes_is_read_from_the_engine_wide_co
     sched, it = step
     whole = read_step(sched, it)  # one process holds every request: its batch is the requests it accounts for
     assert whole.seen is None and whole.batch == sched.num_running_reqs + len(it.finished_requests)
-    s = step_of(vllm_reader.read_steps([0.0], [sched], [it], split=vllm_reader.SplitSteps(128)), 0)
+    s = step_of(vllm_stats.read_steps([0.0], [sched], [it], split=vllm_stats.SplitSteps(128)), 0)
     assert (s.batch, s.decode_s, s.prefill, s.seen) == (batch, decode_s, seen is None, seen)
 
 
@@ -252,21 +245,21 @@ def test_a_long_prompts_later_chunks_are_never_taken_for_decode_steps() -> None:
     hidden = spec_step(3, 0, [0.02] * 2, 3)  # one more than this process accounts for verified: hides a chunk
     elsewhere = (None, spec_step(3, 0, [0.02] * 2, 3)[1])
     steps = [admitted, hidden, elsewhere, hidden, hidden, hidden]
-    split = vllm_reader.SplitSteps(128)
-    batch = vllm_reader.read_steps([float(i) for i in range(len(steps))], [s for s, _ in steps],
+    split = vllm_stats.SplitSteps(128)
+    batch = vllm_stats.read_steps([float(i) for i in range(len(steps))], [s for s, _ in steps],
                                    [it for _, it in steps], split=split)
     # Each step prefills up to 128 - 3 * 4 = 116 tokens: 300 -> 184 -> 68 -> 0.
     assert [s is not None and not p for s, p in zip(batch.seen, batch.prefill, strict=True)] == [
         False, False, False, False, True, True]
     assert split.prefill_left == 0
     # Carried across reads, as the stat logger reads its kept steps a batch at a time.
-    split = vllm_reader.SplitSteps(128)
+    split = vllm_stats.SplitSteps(128)
     for i, (sched, it) in enumerate(steps):
-        s = step_of(vllm_reader.read_steps([float(i)], [sched], [it], split=split), 0)
+        s = step_of(vllm_stats.read_steps([float(i)], [sched], [it], split=split), 0)
         assert (s.seen is not None) == (i >= 4), i
     # A long-prefill threshold under the budget: each step prefills less, so it is carried longer.
-    split = vllm_reader.SplitSteps(128, chunk_limit=64)
-    batch = vllm_reader.read_steps([float(i) for i in range(len(steps))], [s for s, _ in steps],
+    split = vllm_stats.SplitSteps(128, chunk_limit=64)
+    batch = vllm_stats.read_steps([float(i) for i in range(len(steps))], [s for s, _ in steps],
                                    [it for _, it in steps], split=split)
     assert not any(batch.seen) and split.prefill_left == 300 - 5 * (64 - 12)  # 5 steps it got the stats of
 
@@ -279,8 +272,8 @@ def test_a_split_steps_tokens_and_context_count_the_whole_step() -> None:
     prefill[1].prompt_token_stats.total = 200
     prefill[1].num_generation_tokens = 2
     sched, it = spec_step(3, 0, [0.02] * 2, 4)  # 4 requests verified 3 drafts and accepted 2 each: 12 tokens
-    hub.record_steps(0, vllm_reader.read_steps([0.0, 0.1], [prefill[0], sched], [prefill[1], it],
-                                               split=vllm_reader.SplitSteps(128)))
+    hub.record_steps(0, vllm_stats.read_steps([0.0, 0.1], [prefill[0], sched], [prefill[1], it],
+                                               split=vllm_stats.SplitSteps(128)))
     (row,) = [t for t in hub.snapshot().lifetime.step_times.times if t.steps]
     assert (row.batch_size, row.steps, row.mean_s, row.tokens) == (4, 1, 0.02, 12)
     assert row.context == pytest.approx(101.0)  # 202 tokens held over the 2 requests seen, not over 4
@@ -291,7 +284,7 @@ def test_a_batch_reads_as_its_steps_read_one_by_one() -> None:
     its neighbours carry (no stats, no speculation, finished requests, prefill, decode)."""
     steps = [make_stats(), decode_step(3, 1, [0.02] * 4, []), (None, None), decode_step(3, 0, [0.02] * 2, [0.5]),
              (stats.SchedulerStats(num_running_reqs=1, num_waiting_reqs=0), None), make_stats()]
-    batch = vllm_reader.read_steps([float(i) for i in range(len(steps))], [s for s, _ in steps],
+    batch = vllm_stats.read_steps([float(i) for i in range(len(steps))], [s for s, _ in steps],
                                    [it for _, it in steps])
     assert StepBatch._fields == ("times", *STEP_FIELDS)
     for i, (sched, it) in enumerate(steps):
@@ -304,11 +297,11 @@ def test_detailed_per_request_metrics_give_acceptance_by_output_position() -> No
     m = stats.RequestSpecDecodeMetrics.new(4)
     for accepted in (4, 4, 4, 0, 1):
         m.observe(num_draft_tokens=4, num_accepted=accepted, detailed=True)
-    steps = vllm_reader.per_step_counts(m)
-    assert steps == ([4, 4, 4, 0, 1], [4, 4, 4, 4, 4]) == vllm_reader.per_step_counts(m.to_dict())
+    steps = vllm_stats.per_step_counts(m)
+    assert steps == ([4, 4, 4, 0, 1], [4, 4, 4, 4, 4]) == vllm_stats.per_step_counts(m.to_dict())
     summary = stats.RequestSpecDecodeMetrics.new(4)
     summary.observe(num_draft_tokens=4, num_accepted=2)
-    assert vllm_reader.per_step_counts(summary) is None
+    assert vllm_stats.per_step_counts(summary) is None
     hub = Hub()
     hub.requests.record_positions(*steps)
     pos = hub.snapshot().acceptance_by_output_position
@@ -369,7 +362,7 @@ def test_a_renamed_field_costs_that_number_not_the_step(which: str, field: str, 
             assert getattr(s, name) == getattr(whole, name), name
     # Unavailable, not invented: a gauge reads None; a count adds nothing and the snapshot names it unavailable;
     # the speculative counts go together (no drafts rather than drafts with nothing accepted).
-    named = vllm_reader.unavailable(missing)
+    named = vllm_stats.unavailable(missing)
     for name in lost:
         assert getattr(s, name) in (None, ()) or (getattr(s, name) == 0 and named), name
     assert named == ({"spec_counts"} if lost == SPEC_COUNTS else {"generation_tokens"} if which == "iteration"
@@ -404,19 +397,19 @@ def test_a_renamed_field_costs_that_number_not_the_step(which: str, field: str, 
 
 
 def test_versions_outside_the_checked_range_get_one_warning() -> None:
-    assert vllm_reader.version_warning("0.32.0") is None
-    assert vllm_reader.version_warning("0.33.1rc1") is None
-    assert vllm_reader.version_warning(None) is None
-    warning = vllm_reader.version_warning("0.35.0")
-    assert warning is not None and vllm_reader.SUPPORTED_VLLM in warning and "0.35.0" in warning
-    assert vllm_reader.version_warning("0.29.9") is not None
+    assert vllm_stats.version_warning("0.32.0") is None
+    assert vllm_stats.version_warning("0.33.1rc1") is None
+    assert vllm_stats.version_warning(None) is None
+    warning = vllm_stats.version_warning("0.35.0")
+    assert warning is not None and vllm_stats.SUPPORTED_VLLM in warning and "0.35.0" in warning
+    assert vllm_stats.version_warning("0.29.9") is not None
 
 
 def test_the_supported_range_is_declared_once_in_the_package_metadata() -> None:
 
     meta = (REPO / "pyproject.toml").read_text()
     (line,) = [x for x in meta.splitlines() if x.startswith("vllm = [")]
-    assert line.startswith(f'vllm = ["vllm{vllm_reader.SUPPORTED_VLLM}"]')
+    assert line.startswith(f'vllm = ["vllm{vllm_stats.SUPPORTED_VLLM}"]')
 
 
 def test_the_output_processor_hook_is_put_back_by_the_last_who_asked_for_it(monkeypatch: Any) -> None:
@@ -449,50 +442,8 @@ def test_an_unknown_queue_or_prefill_time_gives_no_time_to_first_token() -> None
     first token in the TTFT histogram."""
     _, it = make_stats()
     it.finished_requests[0] = drifted(it.finished_requests[0], "queued_time")
-    (fin,) = vllm_reader.finished_requests(it)
+    (fin,) = vllm_stats.finished_requests(it)
     assert fin.fields["ttft_s"] is None and fin.fields["prefill_s"] == 0.2
     _, it = make_stats()
-    (fin,) = vllm_reader.finished_requests(it)
+    (fin,) = vllm_stats.finished_requests(it)
     assert fin.fields["ttft_s"] == pytest.approx(0.3)
-
-
-def test_the_plugin_of_an_api_server_that_cannot_share_leaves_exports_to_index_0(monkeypatch: Any) -> None:
-    """The plugin's path: vLLM's ``_api_process_rank`` of ``_api_process_count``, no share directory named."""
-    for name in ("SPECSCOPE_SHARE_DIR", share.SERVER_ENV):
-        monkeypatch.delenv(name, raising=False)
-    leads: list[Any] = []
-    monkeypatch.setattr(exports, "from_env", lambda hub, lead=None: leads.append(lead))
-    for rank in (0, 1):
-        for name, value in (("_shared", False), ("_lead", None), ("_exports_started", False)):
-            monkeypatch.setattr(vllm_logger, name, value)  # a fresh API-server process
-        hub = Hub()
-        config = SimpleNamespace(parallel_config=SimpleNamespace(_api_process_count=2, _api_process_rank=rank))
-        vllm_logger._share_once(hub, config)
-        vllm_logger._start_exports_once(hub)
-        snap = hub.snapshot()
-        assert (snap.processes, snap.server_processes) == (1, 2)
-    assert [lead("prometheus") for lead in leads] == [True, False]
-
-
-def test_vllm_serve_runs_the_namer_before_it_starts_its_api_servers(tmp_path: Path) -> None:
-    """vLLM builds ``vllm serve``'s argument parser in the ``vllm serve`` process, before anything else starts, and
-    that runs the ``vllm.general_plugins`` entry points ``VLLM_PLUGINS`` allows: specscope's names the share there
-    (declared as in pyproject.toml, so that the test does not depend on how the package was installed)."""
-    points = declared_entry_points("vllm.general_plugins")
-    dist = tmp_path / "specscope_plugins-0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: specscope-plugins\nVersion: 0\n")
-    (dist / "entry_points.txt").write_text("[vllm.general_plugins]\n" + "".join(f"{k} = {v}\n"
-                                                                               for k, v in points.items()))
-    script = ("import os\n"
-              "from vllm.entrypoints.launchers.cli_args import make_arg_parser\n"
-              "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
-              "make_arg_parser(FlexibleArgumentParser(prog='vllm serve'))\n"
-              f"print(os.environ[{share.SERVER_ENV!r}])\n")
-    env = {k: v for k, v in os.environ.items() if k not in (share.SERVER_ENV, "SPECSCOPE_SHARE_DIR",
-                                                            "XDG_RUNTIME_DIR")}
-    env.update(PYTHONPATH=str(tmp_path), VLLM_PLUGINS="specscope", TMPDIR=str(tmp_path))
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    named = Path(out.stdout.strip().splitlines()[-1])
-    assert named.parent == tmp_path and named.name.startswith(f"specscope-{os.geteuid()}-")
