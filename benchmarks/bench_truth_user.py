@@ -55,11 +55,13 @@ keep, written as ``smoke_fresh_SEED``).
 Run: python benchmarks/bench_truth_user.py [--pairs tiny,deep01,deep01-rag,wide01] [--rounds 3] [--results NAME]
      python benchmarks/bench_truth_user.py --fresh [SEED] [--draft-pairs 2] [--only draft0,eagle3,...]
 Results: benchmarks/results/truth_user.json (and truth_user.md, the table); each pair's predicting snapshot in
-truth_user_<pair>.snapshot.json, which ``--replay`` judges again with the checkout's verdict. ``--results`` names them
-otherwise (``truth_user_slow``: the run of a slow day); a fresh run's are truth_fresh_<SEED>.json, .md and
-truth_fresh_<SEED>_<pair>-<shape>.snapshot.json. Every file records the commit, whether the tree was dirty, the date,
-the seed (fresh) and ``judged``: "as-run", or for a replay "replay of <file> by <commit>"; a replay of as-run results
-must be written under another name (``--replay-as NAME``), which keeps them as measured.
+truth_user_<pair>.snapshot.json, which ``--replay`` judges again with the checkout's verdict. ``--results`` names
+them otherwise. The tree keeps one current result: a new run replaces truth_user.json and its snapshots, and the
+earlier runs are in git history (``benchmarks/fit_constants.py`` reads them from there). A fresh run's are
+truth_fresh_<SEED>.json, .md and truth_fresh_<SEED>_<pair>-<shape>.snapshot.json. Every file records the commit,
+whether the tree was dirty, the date, the seed (fresh) and ``judged``: "as-run", or for a replay "replay of <file> by
+<commit>"; a replay of as-run results must be written under another name (``--replay-as NAME``), which keeps them as
+measured.
 """
 
 from __future__ import annotations

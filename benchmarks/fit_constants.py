@@ -1,6 +1,10 @@
 """The verdict's chosen constants, chosen again from the saved user-path runs, with leave-one-pair-out
-cross-validation: engine-free, on each run's saved predicting snapshot (``truth_user*_<pair>.snapshot.json``) and
-the speedups its results measured (``truth_user*.json``), judged as ``bench_truth_user.py --replay`` judges them.
+cross-validation: engine-free, on each run's saved predicting snapshot (``<run>_<pair>.snapshot.json``) and the
+speedups its results measured (``<run>.json``), judged as ``bench_truth_user.py --replay`` judges them. The runs are
+the benchmark's current result (``truth_user.json``, in the tree) and the earlier user-path runs, which are no longer
+in the tree: :data:`HISTORY` names each one and the last commit that holds its files, and they are read from git
+(``git show COMMIT:benchmarks/results/FILE``). A clone without that history (a shallow one) cannot run this: it says
+so in one line and exits 2.
 
 The constants, one at a time (the others at their committed values):
 
@@ -16,28 +20,31 @@ The two anchoring constants move every cell, the running K's included, and are j
 pair left out (tiny, deep01, deep01-rag, wide01, over every run that has it), the value is chosen on the other
 pairs' cells (the most predictions within 10% of the measured speedup; ties: the interval's coverage nearest 90%,
 then the value nearest the committed one), then scored on the left-out pair's cells, beside the committed value's
-score there. The fresh runs (``truth_fresh_*``), the accuracy the README quotes, are not read: no constant is chosen
-on them.
+score there. The fresh runs (``truth_fresh_*``), the accuracy docs/evidence.md quotes, are not read: no constant is
+chosen on them.
 
 The drift assumed between moments (``SPEC_DRIFT``, ``PLAIN_DRIFT``) is not fitted here: every saved run measured
 its own spreads, which the verdict uses instead, so no saved cell depends on it.
 
-Run: python benchmarks/fit_constants.py (a few minutes). Results: benchmarks/results/fit_constants.json.
+Run: python benchmarks/fit_constants.py [--results NAME] (about a minute). Results:
+benchmarks/results/fit_constants.json (``--results`` names them otherwise).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._common import RESULTS, write
-from benchmarks.bench_truth_user import BATCHES, RUNNING_K, judge
+from benchmarks._common import RESULTS, ROOT, write
 from specscope.core import codec
 from specscope.verdict import cost, estimate, uncertainty
 
@@ -77,25 +84,80 @@ COMMITTED = {c.name: getattr(c.module, c.attribute) for c in CONSTANTS}
 Saved = list[tuple[str, str, Any, list[dict[str, Any]]]]
 
 
+#: The user-path runs taken out of the tree (issue 49), each with the last commit that holds its files (its results
+#: and its pairs' predicting snapshots: ``git log -1 --format=%H -- benchmarks/results/<run>.json``). Two saved no
+#: predicting snapshot and add no cells: ``truth_user_day5ctx`` (``truth_user_day5`` judged again) and
+#: ``truth_user_fit`` (whose snapshots ``truth_user_gate`` judges again).
+HISTORY = (
+    ("truth_user_anchor", "d828e3abd03db0756780a7fa0b89b2535a8eb382"),
+    ("truth_user_corpus", "3e66290289a33161bde05ee3be64ad04481f58bc"),
+    ("truth_user_day3", "38dbb3d92ebe0c056a2b148006f9743c80bdb7d9"),
+    ("truth_user_day5", "c20aabe3464afe51578e8e6b81ac262a92162eec"),
+    ("truth_user_day5b", "8ba411836b18cf7dc8275a59e34b7c26dbd9bdfa"),
+    ("truth_user_day5ctx", "c20aabe3464afe51578e8e6b81ac262a92162eec"),
+    ("truth_user_day6", "4bf98db8b5e81483859a6d805957e5bd57f1fcd0"),
+    ("truth_user_drawn", "40a5773a7b39f781845e7b754d7a8d2639e7d883"),
+    ("truth_user_fit", "efb3b758ae170be6552bc2d8809880996bfe9baf"),
+    ("truth_user_gate", "efb3b758ae170be6552bc2d8809880996bfe9baf"),
+    ("truth_user_quiet", "efb3b758ae170be6552bc2d8809880996bfe9baf"),
+    ("truth_user_r5", "40a5773a7b39f781845e7b754d7a8d2639e7d883"),
+    ("truth_user_slow", "d88885d1a5422c006dd830a5d9935dab40cc933c"),
+    ("truth_user_windows", "d88885d1a5422c006dd830a5d9935dab40cc933c"),
+)
+#: The benchmark's current result, read from the tree.
+CURRENT = "truth_user"
+
+
+class NoHistory(Exception):
+    """A run of :data:`HISTORY` that git cannot give: a shallow clone, or no repository at all."""
+
+
+def _git(*args: str) -> str:
+    try:
+        done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+    except OSError as e:
+        raise NoHistory(f"git cannot run ({e})") from e
+    if done.returncode != 0:
+        raise NoHistory(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"git {args[0]} failed")
+    return done.stdout
+
+
+def history_reader(commit: str) -> tuple[set[str], Callable[[str], str]]:
+    """The results files ``commit`` holds, and a reader of one of them by name."""
+    _git("cat-file", "-e", f"{commit}^{{commit}}")
+    names = _git("ls-tree", "--name-only", commit, "benchmarks/results/").splitlines()
+    return {Path(n).name for n in names}, lambda name: _git("show", f"{commit}:benchmarks/results/{name}")
+
+
 def runs() -> Saved:
-    """(run, pair, predicting snapshot, measured cells) for every saved run's pair that has its snapshot."""
+    """(run, pair, predicting snapshot, measured cells) for every saved run's pair that has its snapshot: the
+    current run from the tree, the earlier ones from git (:data:`HISTORY`)."""
+    def in_tree(name: str) -> str:
+        return (RESULTS / name).read_text()
+
+    if _git("rev-parse", "--is-shallow-repository").strip() == "true":
+        raise NoHistory("this clone is shallow")
+    sources: list[tuple[str, set[str], Callable[[str], str]]] = [
+        (CURRENT, {p.name for p in RESULTS.iterdir()}, in_tree)]
+    sources += [(stem, *history_reader(commit)) for stem, commit in HISTORY]
     out = []
-    for path in sorted(RESULTS.glob("truth_user*.json")):
-        if path.name.endswith(".snapshot.json"):
-            continue
-        doc = json.loads(path.read_text())
+    for stem, names, read in sorted(sources, key=lambda s: s[0]):
+        doc = json.loads(read(f"{stem}.json"))
         for pair, result in doc.get("pairs", {}).items():
-            snap_path = RESULTS / f"{path.stem}_{pair}.snapshot.json"
-            if not snap_path.is_file():
+            snapshot = f"{stem}_{pair}.snapshot.json"
+            if snapshot not in names:
                 continue
             cells = [{k: c[k] for k in ("k", "batch", "measured", "rounds")} for c in result["cells"]
                      if c.get("measured")]
-            out.append((path.stem, pair, codec.from_dict(json.loads(snap_path.read_text())), cells))
+            out.append((stem, pair, codec.from_dict(json.loads(read(snapshot))), cells))
     return out
 
 
 def judged(constant: Constant, value: float, saved: Saved) -> dict[str, list[dict[str, Any]]]:
     """Each pair's cells that ``constant`` moves, judged with it at ``value``."""
+    # Imported here: bench_truth_user imports vLLM, and a clone without the runs' history says so before that.
+    from benchmarks.bench_truth_user import BATCHES, RUNNING_K, judge
+
     constant.set(value)
     try:
         out: dict[str, list[dict[str, Any]]] = {}
@@ -149,10 +211,18 @@ def _json(value: float) -> float | str:
     return value if math.isfinite(value) else "inf"
 
 
-def main() -> None:
-    saved = runs()
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", default="fit_constants", help="the results' name in benchmarks/results")
+    args = ap.parse_args(argv)
+    try:
+        saved = runs()
+    except NoHistory as e:
+        print(f"fit_constants: the earlier user-path runs are read from git history, which this clone lacks ({e}): "
+              "fetch the full history (git fetch --unshallow)", file=sys.stderr)
+        sys.exit(2)
     results = [cross_validate(c, saved) for c in CONSTANTS]
-    write("fit_constants", {"runs": sorted({run for run, *_ in saved}), "constants": results},
+    write(args.results, {"runs": sorted({run for run, *_ in saved}), "constants": results},
           judged=f"replay of the saved truth_user runs ({len(saved)} pair runs)")
     for r in results:
         print(f"\n{r['constant']} (committed {r['committed']}; moves {r['moves']})")

@@ -1,4 +1,4 @@
-"""Fine-tune a draft model on the traffic specscope captured (README, "Fixing a weak class").
+"""Fine-tune a draft model on the traffic specscope captured (docs/classes.md, "Fixing a weak class").
 
 A short distillation in plain PyTorch and transformers on the captured rows of the weak class. With ``--target``
 (the served target) the draft learns the target's whole next-token distribution at every position of the rows

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from collections.abc import Callable
@@ -95,6 +96,62 @@ def _misses(d: Any, key: str) -> str:
     return "; ".join(out) or "none"
 
 
+def _and(items: list[str]) -> str:
+    """"a, b and c"."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def _first_ratio(text: str) -> str:
+    """The first "1.88x" of a text."""
+    found = re.search(r"\d+\.\d+x", text)
+    if found is None:
+        raise ValueError(f"no ratio in {text!r}")
+    return found.group(0)
+
+
+def _value(v: Any) -> str:
+    """A constant's value as the docs write it: 0.1, 0.333, 1.01, inf."""
+    return "inf" if v == "inf" or (isinstance(v, float) and math.isinf(v)) else f"{float(v):.3g}"
+
+
+def _score(s: dict[str, Any], key: str) -> str:
+    return f"{int(s[key])} of {int(s['cells'])}"
+
+
+def _two_digits(v: float) -> str:
+    return f"{v:.2f}"
+
+
+def _c(d: Any, pair: str, batch: str, key: str) -> list[float]:
+    """``key`` of ``pair``'s cells at ``batch``, over its Ks."""
+    return [float(cells[batch][key]) for cells in d["pairs"][pair]["cells"].values() if batch in cells]
+
+
+def _k0_within(d: Any, methods: tuple[str, ...]) -> tuple[int, int]:
+    """K = 0 cells of ``methods`` whose price is within 10% of the measurement, and all of them."""
+    errors = [p / m - 1 for method in methods
+              for p, m in zip(_k0(d, method, "k0_predicted"), _k0(d, method, "k0_measured"), strict=True)]
+    return sum(abs(e) <= 0.10 for e in errors), len(errors)
+
+
+#: The Ks bench_truth.py's summary counts; a pair may have measured others too (in truth.md).
+EXPERT_KS = ("1", "2", "3", "4", "6")
+
+
+def _expert(d: Any, pair: str, what: str) -> str:
+    """A pair of the expert path (truth.json), as bench_truth.py's summary counts: its cells within 10%, its worst
+    error, its pays / does-not-pay calls right where measured outside 0.95-1.05."""
+    cells = [c for k, by_batch in d["pairs"][pair]["cells"].items() if k in EXPERT_KS for c in by_batch.values()
+             if c.get("predicted") is not None]
+    errors = [c["predicted"] / c["measured"] - 1 for c in cells]
+    if what == "within":
+        return f"{sum(abs(e) <= 0.10 for e in errors)} of {len(errors)}"
+    if what == "worst":
+        return f"{max(errors, key=abs):+.0%}"
+    decided = [(c["predicted"] >= 1) == (c["measured"] >= 1) for c in cells if abs(c["measured"] - 1) > 0.05]
+    return f"{sum(decided)} of {len(decided)}"
+
+
 def _before_after(d: Any, cls: str) -> str:
     """A class's acceptance in evaluate with the old draft, then the fine-tuned one."""
     return " -> ".join(_two(d, "evaluate", "candidates", c, "acceptance_by_class", cls)
@@ -143,14 +200,87 @@ FIGURES: dict[str, tuple[str, Callable[[Any], str]]] = {
     "gauge.ratio_sd": ("forward_gauge.json", lambda d: _forward_gauge(
         d, ("plain_step_over_forward_rel_sd", "spec_step_over_forward_rel_sd"), 1)),
     "gauge.step_sd": ("forward_gauge.json", lambda d: _forward_gauge(d, ("plain_step_rel_sd",), 0)),
-    "quiet.anchored": ("truth_user_quiet.json", lambda d: "{} of {}".format(
-        int(num(d, "summary", "within_10pct")), int(num(d, "summary", "cells")))),
-    "quiet.unanchored": ("truth_user_quiet.json", lambda d: str(int(num(d, "summary", "within_10pct_unanchored")))),
-    "r5.at_moment": ("truth_user_r5.json", lambda d: "{} of {}".format(
-        int(num(d, "summary", "within_10pct_at_moment")), int(num(d, "summary", "cells")))),
-    "r5.as_is": ("truth_user_r5.json", lambda d: str(int(num(d, "summary", "within_10pct")))),
-    "r5.exact": ("truth_user_r5.json", lambda d: pct(num(d, "summary", "exact_prediction_within_10pct"), 1)),
+    "user.within": ("truth_user.json", lambda d: _of(d, "within_10pct", "cells")),
+    "user.inside": ("truth_user.json", lambda d: _of(d, "inside_interval", "with_interval")),
+    "user.calls": ("truth_user.json", lambda d: _of(d, "calls_right", "calls")),
+    "user.wrong_not_paying": ("truth_user.json", lambda d: str(int(num(d, "summary", "wrong_not_paying")))),
+    "fit.runs": ("fit_constants.json", lambda d: str(len(d["runs"]))),
+    "expert.within": ("truth.json", lambda d: _of(d, "cells_within_10pct", "cells")),
+    "expert.model_within": ("truth.json", lambda d: _of(d, "model_on_measured_runs_within_10pct", "cells")),
+    "expert.verdicts": ("truth.json", lambda d: _of(d, "verdicts_right", "verdict_cells")),
+    "expert.misses": ("truth.json", lambda d: "; ".join(
+        f"{m['pair']} K={m['k']} batch {m['batch']} ({m['error']:+.1%})" for m in d["summary"]["misses"]) or "none"),
+    "expert.other_k_misses": ("truth.json", lambda d: "; ".join(
+        f"{pair} K={k} batch {b} ({c['predicted'] / c['measured'] - 1:+.1%})" for pair, p in d["pairs"].items()
+        for k, by_batch in p["cells"].items() if k not in EXPERT_KS for b, c in by_batch.items()
+        if c.get("predicted") is not None and abs(c["predicted"] / c["measured"] - 1) > 0.10) or "none"),
+    "expert.other_ks": ("truth.json", lambda d: ", ".join(
+        f"{pair} K={k}" for pair, p in d["pairs"].items() for k in p["cells"] if k not in EXPERT_KS) or "none"),
+    "expert.advice_misses": ("truth.json", lambda d: "; ".join(
+        f"{r['pair']} at batch {r['batch']} (K={r['recommended']}, {r['throughput_vs_best']:.3f} of "
+        f"K={r['best_measured']})" for r in d["summary"]["recommended_k"] if r["throughput_vs_best"] < 0.95) or "none"),
+    "drift.windows": ("drift.json", lambda d: str(int(num(d, "windows")))),
+    "drift.step_ms": ("drift.json", lambda d: f"{num(d, 'step_ms', 'min'):.1f}{DASH}{num(d, 'step_ms', 'max'):.1f}"),
+    "drift.off_10": ("drift.json", lambda d: _and(
+        [pct(num(d, "calibration_error", f"lag {s} s, rounds 0 s apart", "over_10pct")) for s in (60, 120, 300)])),
+    "arrivals.per_token": ("arrivals.json", lambda d: _and(
+        [times(num(r, "plain", "tpot_p50") / num(r, "k4", "tpot_p50")) for r in d["by_rate"].values()])),
+    "arrivals.predicted": ("arrivals.json", lambda d: _and(
+        [_first_ratio(r["predicted_traffic"]) for r in d["by_rate"].values()])),
+    "arrivals.advised": ("arrivals.json", lambda d: _and(
+        [str(int(num(r, "advised_fixed_k"))) for r in d["by_rate"].values()])),
+    "arrivals.best": ("arrivals.json", lambda d: _and([
+        min(("k4", "k5", "k6"), key=lambda k: num(r, k, "tpot_p50"))[1:] for r in d["by_rate"].values()])),
+    "arrivals.schedule": ("arrivals.json", lambda d: json.dumps(
+        d["recommended"]["num_speculative_tokens_per_batch_size"], separators=(",", ":"))),
 }
+#: The constants ``benchmarks/fit_constants.py`` cross-validates, by the name their figures take (``fit.NAME.*``).
+FITTED = {"draft_fixed": 0, "min_forward_share": 1, "max_anchor_context_move": 2}
+FIGURES |= {f"fit.{name}.{what}": ("fit_constants.json", lambda d, i=i, make=make: make(d["constants"][i]))
+            for name, i in FITTED.items() for what, make in {
+    "committed": lambda c: _value(c["committed"]),
+    "chosen": lambda c: ", ".join(f"{f['left_out']} {_value(f['chosen'])}" for f in c["folds"]),
+    "cv": lambda c: _score(c["cross_validated"], "within_10pct"),
+    "cv_inside": lambda c: _score(c["cross_validated"], "inside_interval"),
+    "at_committed": lambda c: _score(c["committed_on_the_same_cells"], "within_10pct"),
+    "at_committed_inside": lambda c: _score(c["committed_on_the_same_cells"], "inside_interval"),
+    "by_value": lambda c: "; ".join(f"{_value(float(v) if v != 'inf' else math.inf)}: {s['all']['within_10pct']} "
+                                    f"({s['all']['inside_interval']})" for v, s in c["by_value"].items()),
+    "cells": lambda c: str(sum(c["cells"].values())),
+}.items()}
+#: The expert path's pairs (``bench_truth.py``, joined in truth.json): each one's figures are ``expert.PAIR.*``.
+EXPERT = ("deep01", "deep03", "copy", "noise10", "eagle3", "eagle", "mtp", "ngram-retrieval", "ngram-novel")
+FIGURES |= {f"expert.{pair}.{what}": ("truth.json", lambda d, pair=pair, make=make: make(d, pair))
+            for pair in EXPERT for what, make in {
+    "within": lambda d, pair: _expert(d, pair, "within"),
+    "worst": lambda d, pair: _expert(d, pair, "worst"),
+    "verdicts": lambda d, pair: _expert(d, pair, "verdicts"),
+    "advice": lambda d, pair: " / ".join(f"{r['throughput_vs_best']:.3f}" for r in d["summary"]["recommended_k"]
+                                         if r["pair"] == pair),
+}.items()}
+#: K = 0 in vLLM's schedule against the plain engine (bench_k0.py): ``k0.METHOD.bBATCH`` measured, ``.by_batch``
+#: specscope's price at batch 1, 4 and 16 with its errors.
+FIGURES |= {f"k0.{m}.b{b}": ("k0.json", lambda d, m=m, b=b: times(num(d, "cells", m, b, "k0_measured")))
+            for m in ("draft", "eagle3", "eagle", "mtp", "ngram") for b in ("1", "4", "16")}
+FIGURES |= {f"k0.{m}.by_batch": ("k0.json", lambda d, m=m: "{} ({})".format(
+    " / ".join(times(v) for v in _k0(d, m, "k0_predicted")), " / ".join(
+        f"{p / q - 1:+.0%}" for p, q in zip(_k0(d, m, "k0_predicted"), _k0(d, m, "k0_measured"), strict=True))))
+    for m in ("draft", "eagle3", "eagle", "mtp", "ngram")}
+FIGURES["k0.models.within"] = ("k0.json", lambda d: "{} of {}".format(
+    *_k0_within(d, ("draft", "eagle3", "eagle", "mtp"))))
+FIGURES["k0.eagle3.rounds16"] = ("k0.json", lambda d: ", ".join(
+    times(v) for v in d["cells"]["eagle3"]["16"]["k0_measured_rounds"]))
+FIGURES |= {f"k0.k2.b{b}": ("k0.json", lambda d, b=b: times(num(d, "cells", "draft", b, "k2_measured")))
+            for b in ("1", "4", "16")}
+#: Time per output token under Poisson arrivals (bench_arrivals.py): ``arrivals.RATE.ENGINE``, "p50 (p99)" in ms.
+FIGURES |= {f"arrivals.{rate}.{engine}": ("arrivals.json", lambda d, rate=rate, engine=engine: "{:.1f} ({:.1f})".format(
+    num(d, "by_rate", rate, engine, "tpot_p50"), num(d, "by_rate", rate, engine, "tpot_p99")))
+    for rate in ("0.5", "2.0", "5.0") for engine in ("plain", "k4", "k5", "k6", "schedule")}
+#: c from the configs against c measured (bench_truth.py): ``c.PAIR.configs`` and ``c.PAIR.bBATCH``, over its Ks.
+FIGURES |= {f"c.{pair}.configs": (f"truth_{pair}.json", lambda d, pair=pair: "{:.3f}".format(
+    _c(d, pair, "1", "c_from_configs")[0])) for pair in ("eagle3", "eagle", "mtp")}
+FIGURES |= {f"c.{pair}.b{b}": (f"truth_{pair}.json", lambda d, pair=pair, b=b: span(_c(d, pair, b, "c"), _two_digits))
+            for pair in ("eagle3", "eagle", "mtp") for b in ("1", "4", "16")}
 FIGURES |= {f"{prefix}.{name}": (file, make) for prefix, file in FRESH.items() for name, make in {
     "seed": lambda d: str(int(num(d, "seed"))),
     "commit": lambda d: str(d["commit"])[:7] + (" (dirty)" if d["dirty"] else ""),

@@ -1,5 +1,7 @@
 """``specscope demo``: a real vLLM engine walked through the situations specscope exists for, dashboard open.
 
+Over 400 lines on purpose: the scenarios read top to bottom as the walk-through the demo shows.
+
 Scenarios, one engine at a time (the deep family of local models, where speculation really pays on a CPU; greedy
 decoding):
 

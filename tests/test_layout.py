@@ -56,3 +56,20 @@ def test_the_map_reader_sees_a_missing_and_a_misplaced_module() -> None:
     block = "specscope/\n  cli.py   x\n  core/   the core\n    model.py  y\n  read/   r: scrape.py, fleet.py\n"
     assert mapped_modules(block) == {"specscope/cli.py", "specscope/core/model.py", "specscope/read/scrape.py",
                                      "specscope/read/fleet.py"}
+
+
+#: A room past this many lines says why at the top of its docstring.
+MAX_LINES = 400
+
+
+def test_a_room_over_400_lines_says_why_at_its_top() -> None:
+    import ast
+
+    silent = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        if text.count("\n") > MAX_LINES:
+            doc = ast.get_docstring(ast.parse(text)) or ""
+            if f"{MAX_LINES} lines" not in doc[:800]:
+                silent.append(f"{path.relative_to(REPO)}: {text.count(chr(10))} lines")
+    assert silent == []

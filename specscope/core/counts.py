@@ -1,5 +1,8 @@
 """Interval counts, defined once: what engine steps add, summed in one-second buckets and over the lifetime.
 
+Over 400 lines on purpose: a step, its columns, the per-second counts and the ring that keeps them are one
+structure, changed together.
+
 :class:`StepStats` is one step; :class:`StepBatch` is consecutive steps of one engine column by column, as
 :mod:`specscope.engine.vllm_stats` reads them from vLLM and as everything here counts them. :class:`StepTimer`
 says how long each step took; :class:`Counts` adds both up for an interval; :class:`Ring` keeps one ``Counts`` per

@@ -1,5 +1,8 @@
 """The telemetry model: immutable snapshot types every consumer reads.
 
+Over 400 lines on purpose: every type of the snapshot in one room, so that the wire format and every reader
+see the whole model in one place (each class a plain frozen dataclass).
+
 Collectors feed :class:`specscope.state.hub.Hub`; the hub hands out :class:`Snapshot` objects built from the types
 below. Derived values (acceptance rate, α, fragmentation, rates per second) are properties computed here from
 counts, through :mod:`specscope.core.acceptance`, so there is one definition of each. Fields that a source cannot

@@ -1,8 +1,9 @@
-"""Everything that runs inside vLLM's processes, and the doors into them.
+"""Everything that runs inside vLLM's processes, and the ways into them.
 
-Doors: :mod:`.wrapper` (``specscope.LLM`` / ``AsyncLLM``), :mod:`.vllm_logger` (the stat-logger plugin for
-``vllm serve``), :mod:`.plugin` (vLLM's general-plugin entry point, loaded in every process), :mod:`.instrumentation`
-(the OpenTelemetry instrumentor) and :mod:`.middleware` (the ASGI middleware on vLLM's API server). Collectors:
+Ways in: :mod:`.wrapper` (``specscope.LLM`` / ``AsyncLLM``), :func:`.vllm_engine.instrument` (an engine made
+elsewhere), :mod:`.instrumentation` (the OpenTelemetry instrumentor), the ``vllm serve`` plugins (:mod:`.vllm_logger`,
+the stat logger; :mod:`.plugin`, loaded in every process) and :mod:`.middleware` (the ASGI middleware on vLLM's API
+server). All of them end at one door, :mod:`.door`: what specscope turns on for an engine. Collectors:
 :mod:`.vllm_config` and :mod:`.vllm_stats` (vLLM's config and stats read into the model), :mod:`.vllm_hook`
 (per-request hooks), :mod:`.vllm_engine` (an engine's hub and its start-up checks), :mod:`.forward_timer` (the
 target's forward, timed where it runs), :mod:`.gpu_source` with :mod:`.nvml` and :mod:`.torch_alloc` (GPU memory)

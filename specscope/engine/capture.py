@@ -1,5 +1,8 @@
 """Served traffic as draft training data: opt-in, private, bounded, and off vLLM's event loop.
 
+Over 400 lines on purpose: everything that touches a client's prompts and completions (what is held, for how
+long, what is written, where and how much) is in this one room, so that it is audited in one reading.
+
 Speculative decoding with exact verification is lossless: every completion the engine returns is the target's own
 output, which is what a draft or an EAGLE head is trained on. With capture on, the finished requests of chosen
 traffic classes are written as JSON lines that vllm-project/speculators' ``prepare-data`` reads as they are:

@@ -8,40 +8,29 @@ an engine directly. Every call is guarded: a failure is counted in the hub's hea
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections import deque
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any, NamedTuple
 
 from vllm.v1.metrics.loggers import AggregateStatLoggerBase
 
 from specscope.core.counts import StepBatch
-from specscope.engine import capture, forward_timer, vllm_hook, vllm_stats
-from specscope.engine.capture import Capture, CaptureConfig, CaptureError
+from specscope.engine import capture, door, forward_timer, vllm_hook, vllm_stats
 from specscope.engine.vllm_config import (
     api_server,
     cost_ratio,
     decode_tokens,
-    draft_tokenizers,
     engine_info,
     engine_version,
     model_name,
     per_request_metrics_off,
-    speculative_config,
     token_budget,
 )
 from specscope.state.hub import Hub, default_hub
 from specscope.state.request_log import PENDING_TIMEOUT_S
 
 log = logging.getLogger("specscope")
-_exports_started = False
 _version_checked = False
-_shared = False
-#: Whether this process is to serve an export role, with several API-server processes
-#: (:func:`specscope.engine.share.join`).
-_lead: Callable[[str], bool] | None = None
 #: The most steps, and seconds, the stat logger keeps before adding them to the hub (readers flush at once). The
 #: seconds bound how late a finished request reaches the hub's listeners when nothing reads the hub: 5 s, the OTLP
 #: span exporter's own batch delay and the alert loop's interval, and half the time a request record waits for its
@@ -95,11 +84,6 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
         try:
             self.hub.set_engine(engine_info(vllm_config))
             self.hub.set_cost_ratio(cost_ratio(vllm_config))
-            baseline = os.environ.get("SPECSCOPE_BASELINE")
-            if baseline and type(self).bound_hub is None:
-                from specscope.verdict import load_profile
-
-                self.hub.set_baseline(load_profile(baseline))
             if per_request_metrics_off(vllm_config):
                 log.warning(
                     "specscope: per-request acceptance is off; start vLLM with "
@@ -110,14 +94,9 @@ class SpecscopeStatLogger(AggregateStatLoggerBase):
         _check_version_once()
         if not mine:
             return
-        _check_tokenizers_in_background(self.hub, vllm_config)
-        if type(self).bound_hub is None:  # the vllm serve plugin: what specscope.LLM does for itself
-            from specscope.engine import gpu_source
-
-            gpu_source.attach(self.hub)
-            _share_once(self.hub, vllm_config)
-            _capture_once(self.hub, vllm_config)
-            _start_exports_once(self.hub)
+        door.check_tokenizers_in_background(self.hub, vllm_config)
+        if type(self).bound_hub is None:  # the vllm serve plugin: what the environment turns on (the caller's, else)
+            door.served(self.hub, vllm_config)
 
     @classmethod
     def bound_to(cls, hub: Hub) -> type[SpecscopeStatLogger]:
@@ -242,68 +221,3 @@ def _check_version_once() -> None:
     warning = vllm_stats.version_warning(engine_version())
     if warning:
         log.warning("specscope: %s", warning)
-
-
-def _check_tokenizers_in_background(hub: Hub, vllm_config: Any) -> None:
-    """Compare the target's and the draft's tokenizers as the engine loaded them (names or directories), off the
-    engine's path; the verdict goes to the hub (and the alert rules). Skipped when the hub has one already."""
-    tokenizers = draft_tokenizers(vllm_config)
-    if tokenizers is None or hub.tokenizer is not None:
-        return
-
-    from specscope.core.tokenizer_check import record_verdict
-
-    threading.Thread(target=record_verdict, args=(*tokenizers, hub), name="specscope-tokenizer-check",
-                     daemon=True).start()
-
-
-def _share_once(hub: Hub, vllm_config: Any) -> None:
-    """With several API-server processes (``--api-server-count``), share the hub's numbers between them."""
-    global _lead, _shared
-    if _shared:
-        return
-    _shared = True
-    from specscope.engine import share
-
-    rank, count = api_server(vllm_config)
-    _lead = share.join(hub, max(0, rank), count)
-
-
-def start_capture(hub: Hub, config: CaptureConfig, vllm_config: Any) -> Capture:
-    """Capture ``hub``'s engine's chosen requests as training rows (:mod:`specscope.engine.capture`), or say with one
-    line
-    why not: lossy verification, or vLLM's output processor not hooked (``SPECSCOPE_HOOK=off``). CaptureError for a
-    directory that is not private."""
-    stopped = capture.refusal(speculative_config(vllm_config))
-    if stopped is None and not vllm_hook.installed():
-        stopped = "vLLM's output processor is not hooked (SPECSCOPE_HOOK=off?): no completion reaches specscope"
-    return capture.Capture(config, hub, engine_info(vllm_config).model, stopped)
-
-
-def _capture_once(hub: Hub, vllm_config: Any) -> None:
-    """Capture the traffic ``SPECSCOPE_CAPTURE_*`` chooses as training rows (:mod:`specscope.engine.capture`), once per
-    process; a setting that cannot be used is said in one line, and the server runs without capture."""
-    if capture.attached(hub) is not None:
-        return
-    try:
-        config = CaptureConfig.from_env()
-        if config is not None:
-            start_capture(hub, config, vllm_config)  # the Capture checks its directory
-    except CaptureError as exc:  # one line (the health log's), and the server runs without capture
-        # Health reaches the snapshot, the share files and top: it says what is wrong, not where capture writes.
-        text, directory = str(exc), os.environ.get("SPECSCOPE_CAPTURE_DIR", "").strip()
-        for form in {directory, str(Path(directory))} - {"", "."}:
-            text = text.replace(form, "$SPECSCOPE_CAPTURE_DIR")
-        hub.health.count_error("capture", CaptureError(text))
-
-
-def _start_exports_once(hub: Hub) -> None:
-    """As a ``vllm serve`` plugin: start the exports the environment asks for, once per process (and, with several
-    API-server processes, each export in one of them)."""
-    global _exports_started
-    if _exports_started:
-        return
-    _exports_started = True
-    from specscope.export import exports
-
-    exports.from_env(hub, lead=_lead)

@@ -1,5 +1,7 @@
 """vLLM's stats read into specscope's model: engine steps, finished requests, per-request speculative metrics.
 
+Just over 400 lines: every read of vLLM's unstable stats objects, in one room on purpose.
+
 With :mod:`specscope.engine.vllm_config` (vLLM's configuration), the only place that reads vLLM's objects. vLLM
 documents ``SchedulerStats``, ``IterationStats`` and the per-request metrics as unstable interfaces. Every attribute
 specscope reads from them is read here, with ``getattr`` defaults, and turned into specscope's own types. Nothing

@@ -19,7 +19,7 @@ import vllm
 from vllm.v1.engine.async_llm import AsyncLLM as _VllmAsyncLLM
 
 from specscope.core.model import Snapshot, StepProfile
-from specscope.engine import forward_timer, vllm_hook
+from specscope.engine import door, forward_timer, vllm_hook
 from specscope.engine.capture import CaptureConfig, attached, chat_messages
 from specscope.engine.vllm_engine import (
     check_tokenizers,
@@ -30,7 +30,6 @@ from specscope.engine.vllm_engine import (
     traffic_class,
     uninstrument,
 )
-from specscope.engine.vllm_logger import start_capture
 from specscope.state.hub import Hub
 
 __all__ = ["LLM", "AsyncLLM", "instrument", "uninstrument"]
@@ -58,18 +57,14 @@ class LLM(vllm.LLM):
                  **kwargs: Any) -> None:
         capture = None if specscope_capture is None else CaptureConfig.of(specscope_capture).checked()
         hub = engine_hub(specscope_hub)
-        if specscope_baseline is not None:
-            from specscope.verdict import load_profile
-
-            hub.set_baseline(specscope_baseline if isinstance(specscope_baseline, StepProfile)
-                             else load_profile(specscope_baseline))
+        if specscope_baseline is not None:  # before the engine starts: a file that cannot be read is the caller's
+            door.given(hub, None, specscope_baseline)
         check_tokenizers(kwargs.get("tokenizer") or model, kwargs.get("speculative_config"), hub)
         keep_vllm_loggers = prepare_llm_kwargs(kwargs)
         with forward_timer.engine_directory():
             super().__init__(model, **kwargs)
             self.specscope: Hub = instrument(self, hub, keep_vllm_loggers=keep_vllm_loggers)
-        if capture is not None:
-            start_capture(self.specscope, capture, self.llm_engine.vllm_config)
+        door.given(self.specscope, self.llm_engine.vllm_config, capture_config=capture)
 
     def generate(self, *args: Any, specscope_class: str | None = None, **kwargs: Any) -> Any:
         """``vllm.LLM.generate``; its requests are of traffic class ``specscope_class`` where given."""

@@ -1,5 +1,8 @@
 """The metric catalogue: every metric specscope exports, defined once.
 
+Over 400 lines on purpose: every metric in one list, so that a name, its unit and its help are defined once
+and read in one place.
+
 Each :class:`Metric` has its OpenTelemetry name, instrument kind, unit (UCUM), description, attribute keys and
 a reader that takes its values from a :class:`~specscope.core.model.Snapshot`. The OpenTelemetry instruments, the
 Prometheus collector, the alert rules and the dashboard labels are all generated from :data:`METRICS`; the

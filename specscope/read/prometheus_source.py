@@ -21,20 +21,19 @@ from typing import Any
 from specscope.core.auth import base_url
 from specscope.core.model import Snapshot
 from specscope.export.alerts.recording import duration
-from specscope.read.promtext import Samples
-from specscope.read.scrape import (
+from specscope.read.metrics_snapshot import (
     SPECSCOPE_COUNTERS,
     SPECSCOPE_SERIES,
     VLLM_COUNTERS,
     VLLM_HISTOGRAMS,
     VLLM_SERIES,
-    SourceError,
     as_vllm,
-    http_get,
     specscope_snapshot,
     vllm_snapshot,
     with_window,
 )
+from specscope.read.promtext import Samples
+from specscope.read.scrape import SourceError, http_get
 
 _SELECTOR = re.compile(r'^\s*([a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"(?:[^"\\]|\\.)*"\s*,?\s*)*$')
 

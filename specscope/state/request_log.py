@@ -1,5 +1,8 @@
 """The hub's request records: joined from their parts, numbered when final, bounded, and summed.
 
+Over 400 lines on purpose: joining a record's parts, numbering it and summing it share one lock and one
+lifetime rule.
+
 A record may come in parts from several sources (the stat logger's engine timing, the server's response); it is
 *final* once every expected part is in, or after :data:`PENDING_TIMEOUT_S` without the rest. Final records get a
 ``final_seq`` (the cursor incremental readers fetch by), feed the per-request histograms and the attribution sums,

@@ -87,8 +87,8 @@ def captured_while_weak(llm: Any, hard: list[str], first: list[Any], directory: 
 
 
 def finetuned(directory: Path, draft: str, target: str) -> None:
-    """The README's example fine-tune (examples/finetune_draft.py) on the captured class, distilled from the
-    target: the draft's divergence from the target on those rows falls, and what it saves loads as a model with the
+    """docs/classes.md's example fine-tune (examples/finetune_draft.py) on the captured class, distilled from
+    the target: the draft's divergence from the target on those rows falls, and what it saves loads as a model with the
     draft's tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -223,7 +223,7 @@ def test_a_row_without_text_or_prompt_decodes_the_tokens() -> None:
 def test_an_engine_under_lossy_verification_or_without_the_hook_captures_nothing_and_says_why(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from specscope.engine import vllm_hook
-    from specscope.engine.vllm_logger import start_capture
+    from specscope.engine.door import start_capture
 
     config = SimpleNamespace(model_config=SimpleNamespace(model="m", served_model_name="m"),
                              speculative_config=SimpleNamespace(rejection_sample_method="synthetic",
@@ -241,7 +241,7 @@ def test_an_engine_under_lossy_verification_or_without_the_hook_captures_nothing
 def test_the_serve_plugin_says_a_bad_setting_in_one_line_and_serves_on(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch,
                                                                      caplog: pytest.LogCaptureFixture) -> None:
-    from specscope.engine import vllm_logger
+    from specscope.engine import door
 
     open_dir = tmp_path / "shared"
     open_dir.mkdir()
@@ -253,7 +253,7 @@ def test_the_serve_plugin_says_a_bad_setting_in_one_line_and_serves_on(tmp_path:
             monkeypatch.setenv(key, value)
         hub = Hub()
         caplog.clear()
-        vllm_logger._capture_once(hub, SimpleNamespace())  # raises nothing into vLLM
+        door._capture_once(hub, SimpleNamespace())  # raises nothing into vLLM
         assert attached(hub) is None and hub.snapshot().health.error_count == 1
         lines = [r.getMessage() for r in caplog.records if "capture" in r.getMessage()]
         assert len(lines) == 1 and why in lines[0] and "\n" not in lines[0], lines

@@ -10,7 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from specscope.engine import share, vllm_config, vllm_logger
+from specscope.engine import door, share, vllm_config
 from specscope.export import exports
 from specscope.state.hub import Hub
 from tests.engine.test_share import declared_entry_points
@@ -51,11 +51,11 @@ def test_the_plugin_of_an_api_server_that_cannot_share_leaves_exports_to_index_0
     monkeypatch.setattr(exports, "from_env", lambda hub, lead=None: leads.append(lead))
     for rank in (0, 1):
         for name, value in (("_shared", False), ("_lead", None), ("_exports_started", False)):
-            monkeypatch.setattr(vllm_logger, name, value)  # a fresh API-server process
+            monkeypatch.setattr(door, name, value)  # a fresh API-server process
         hub = Hub()
         config = SimpleNamespace(parallel_config=SimpleNamespace(_api_process_count=2, _api_process_rank=rank))
-        vllm_logger._share_once(hub, config)
-        vllm_logger._start_exports_once(hub)
+        door._share_once(hub, config)
+        door._start_exports_once(hub)
         snap = hub.snapshot()
         assert (snap.processes, snap.server_processes) == (1, 2)
     assert [lead("prometheus") for lead in leads] == [True, False]

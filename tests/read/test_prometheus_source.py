@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 
 from specscope.read.fleet import Target
+from specscope.read.metrics_snapshot import vllm_snapshot
 from specscope.read.prometheus_source import PrometheusFleet, selector_matchers
 from specscope.read.promtext import parse
-from specscope.read.scrape import SourceError, vllm_snapshot
+from specscope.read.scrape import SourceError
 from tests.conftest import FIXTURES, free_port, start_prometheus
 
 FIXTURE = (FIXTURES / "vllm_metrics.txt").read_text()

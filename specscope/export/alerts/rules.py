@@ -1,5 +1,8 @@
 """Alert rules, defined once: evaluated in-process on the snapshot, and rendered as Prometheus alerting rules.
 
+Over 400 lines on purpose: every rule in one list, each with its in-process condition and both PromQL forms
+side by side, so that the three never drift.
+
 Each :class:`Rule` carries its threshold-dependent in-process value and condition, the PromQL over specscope's
 catalogue names, and (where vLLM's own counters suffice) the PromQL over raw ``vllm:*`` metrics for users who
 only scrape an unmodified vLLM. Thresholds come from :class:`Thresholds`, which a file or flags can change.

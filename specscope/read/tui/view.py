@@ -1,5 +1,7 @@
 """The dashboard's text: each panel rendered from a target's windowed snapshot, without Textual.
 
+Just over 400 lines: each panel's text, one function a panel, read side by side.
+
 Kept apart from the app so that ``--once`` and the tests can use the same words, and so a frame costs only string
 building. Meaning never rests on colour alone: states are spelled out ("FIRING", "n/a from /metrics"), so the
 screen reads the same under ``NO_COLOR`` and on a light terminal.

@@ -13,8 +13,9 @@ from specscope.core.intervals import since
 from specscope.core.model import Snapshot
 from specscope.export.endpoint import Endpoint
 from specscope.read.fleet import Target
+from specscope.read.metrics_snapshot import sglang_snapshot, vllm_snapshot
 from specscope.read.promtext import parse
-from specscope.read.scrape import EndpointSource, SourceError, sglang_snapshot, sglang_source, vllm_snapshot
+from specscope.read.scrape import EndpointSource, SourceError, sglang_source
 from tests.conftest import FIXTURES
 from tests.read.tui.helpers import Clock, busy_hub, feed, http_server, reply
 
