@@ -124,6 +124,13 @@ def _rules(args: argparse.Namespace) -> int:
     from specscope.export.alerts.prometheus_rules import render
     from specscope.export.alerts.rules import RuleConfigError
 
+    if args.canary:
+        from specscope.export.alerts import canary
+
+        if args.vllm or args.thresholds or args.set:
+            return fail("--canary renders the canary's rule alone; --vllm, --thresholds and --set do not apply")
+        sys.stdout.write(canary.render())
+        return 0
     try:
         thresholds = _thresholds(args)
     except (RuleConfigError, ValueError) as exc:
@@ -251,6 +258,12 @@ def _evaluate(args: argparse.Namespace) -> int:
     return evaluate.main(args, engine)
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from specscope.read import compare
+
+    return compare.main(args)
+
+
 def _top(args: argparse.Namespace) -> int:
     from specscope.read import tui
 
@@ -301,6 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     rules.add_argument("--vllm", action="store_true", help="the variant over raw vllm:* metrics")
     rules.add_argument("--thresholds", help="JSON or YAML file of threshold overrides")
     rules.add_argument("--set", action="append", metavar="NAME=VALUE", help="override one threshold")
+    rules.add_argument("--canary", action="store_true", help="the canary's rule over `specscope compare`'s gauges "
+                       "(deploy/prometheus/specscope-canary-rules.yml)")
     rules.set_defaults(func=_rules)
     cal = sub.add_parser(
         "calibrate", help="measure the target's decode-step time by batch size, without speculation",
@@ -339,6 +354,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(top)
     top.set_defaults(func=_top)
+    from specscope.read.compare import add_parser as add_compare
+
+    add_compare(sub).set_defaults(func=_compare)
     rep = sub.add_parser(
         "report", help="one HTML page with plots, from an endpoint, a recording or the truth benchmark's results",
         description="Acceptance over time, by draft position and by output position, the expected speedup by K and "
