@@ -18,6 +18,9 @@ The rooms:
 - :mod:`~specscope.read.evaluate.workload`: the prompts file (JSON lines or ShareGPT) and the tokenized workload.
 - :mod:`~specscope.read.evaluate.results`: what was measured (Candidate, KRun, Cell, Schedule, Evaluation).
 - :mod:`~specscope.read.evaluate.choose`: the schedule from the measured speedups, and the ranking of candidates.
+- :mod:`~specscope.read.evaluate.gate`: ``--gate``, the promotion gate: a candidate draft against the incumbent,
+  class by class on the same prompts, promoted, held or rejected, and why; its statistics in
+  :mod:`~specscope.read.evaluate.stats`, its JSON, summary and page in :mod:`~specscope.read.evaluate.gate_report`.
 - :mod:`~specscope.read.evaluate.runner`: the engines, started, measured and stopped.
 - :mod:`~specscope.read.evaluate.render`: JSON, the terminal summary and the HTML page.
 - :mod:`~specscope.read.evaluate.cli`: the command's arguments and its run.

@@ -1,5 +1,6 @@
 """What ``specscope evaluate`` writes: JSON (:func:`to_dict`), the terminal summary (:func:`render_text`) and one
-self-contained HTML page with its figures (:func:`render_html`)."""
+self-contained HTML page with its figures (:func:`render_html`); with ``--gate``, the decision first, then why and
+what it was measured on."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 from specscope.core.model import ClassCounts
+from specscope.read.evaluate import gate_report
 from specscope.read.evaluate.choose import RANKING_RULE, rank
-from specscope.read.evaluate.results import Candidate, Cell, Evaluation, Schedule
+from specscope.read.evaluate.results import Candidate, Cell, Evaluation, Schedule, ran_text
 from specscope.read.figures import draw_png, html_page, html_table, img, na
 
 
@@ -58,7 +60,12 @@ def cross_k_text(c: Candidate) -> str | None:
 
 
 def to_dict(ev: Evaluation) -> dict[str, Any]:
-    """The evaluation as JSON-ready data (batch sizes and K as string keys)."""
+    """The evaluation as JSON-ready data (batch sizes and K as string keys); with ``--gate``, its ``gate`` object
+    (:func:`specscope.read.evaluate.gate_report.to_dict`) in place of the ranking."""
+    if ev.gate is not None:
+        return {"specscope_evaluate": 1, "target": ev.target, "partial": ev.partial, "note": ev.note,
+                "seconds": round(ev.seconds, 1), "settings": ev.settings, "prompts": ev.prompts,
+                "gate": gate_report.to_dict(ev.gate)}
     sizes = ev.settings["batch_sizes"]
     ranked = rank(ev.candidates, sizes)
     cands = []
@@ -127,16 +134,10 @@ def _pct(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.0%}"
 
 
-def _ran_text(p: dict[str, Any]) -> str:
-    """How many distinct prompts the windows ran, and of which classes: what the numbers are about."""
-    if "ran" not in p:
-        return "no window ran"
-    return (f"{p['ran']} distinct prompts run (" + ", ".join(f"{k} {v}" for k, v in p["classes_ran"].items())
-            + ")")
-
-
 def render_text(ev: Evaluation) -> str:
     """The evaluation for a terminal."""
+    if ev.gate is not None:
+        return gate_report.render_text(ev, ev.gate)
     s, p = ev.settings, ev.prompts
     sizes = s["batch_sizes"]
     lines = [f"specscope evaluate: {ev.target}; K {', '.join(map(str, s['k']))}; batch sizes "
@@ -144,7 +145,7 @@ def render_text(ev: Evaluation) -> str:
              + (" — PARTIAL: " + (ev.note or "interrupted") if ev.partial else ""),
              f"prompts: {p.get('used', 0)} used; {p.get('skipped_long', 0)} skipped (prompt + max_tokens longer "
              f"than max_model_len {p.get('max_model_len', '?')}); classes "
-             + ", ".join(f"{k} {v}" for k, v in p.get("classes", {}).items()) + "; " + _ran_text(p),
+             + ", ".join(f"{k} {v}" for k, v in p.get("classes", {}).items()) + "; " + ran_text(p),
              f"ranking: {RANKING_RULE}"]
     if s.get("data_parallel_size", 1) > 1:
         lines.append(f"data parallel size {s['data_parallel_size']}: vLLM drops a per-batch-size schedule there, so "
@@ -262,6 +263,8 @@ def _predicted_vs_measured(ev: Evaluation) -> Callable[[Any], None]:
 
 def render_html(ev: Evaluation) -> str:
     """One self-contained page (plots as embedded PNGs)."""
+    if ev.gate is not None:
+        return gate_report.render_html(ev, ev.gate)
     s, p, sizes = ev.settings, ev.prompts, ev.settings["batch_sizes"]
     title = f"specscope evaluate: {ev.target}"
     out = [f"<h1>{html.escape(title)}</h1>"]
@@ -272,7 +275,7 @@ def render_html(ev: Evaluation) -> str:
                f"{s['rounds']} round(s) of {s['window_s']:g} s windows, plain and speculative alternating; "
                f"{p.get('used', 0)} prompts ({p.get('skipped_long', 0)} longer than max_model_len "
                f"{p.get('max_model_len', '?')} skipped); classes "
-               + html.escape(", ".join(f"{k} {v}" for k, v in p.get("classes", {}).items()) + "; " + _ran_text(p))
+               + html.escape(", ".join(f"{k} {v}" for k, v in p.get("classes", {}).items()) + "; " + ran_text(p))
                + f"; took {ev.seconds / 60:.1f} min</p>")
     ranked = rank(ev.candidates, sizes)
     out.append("<h2>Ranking</h2>" + f"<p>By {html.escape(RANKING_RULE)}.</p><div class='rank'>" + html_table(

@@ -1,6 +1,7 @@
 """What ``specscope evaluate`` measured: each :class:`Candidate`'s runs by K (:class:`KRun`, a :class:`Cell` per batch
-size), the :class:`Schedule` chosen from them (:mod:`specscope.read.evaluate.choose`), all held by an
-:class:`Evaluation`."""
+size), the :class:`Schedule` chosen from them (:mod:`specscope.read.evaluate.choose`), and with ``--gate`` the two
+drafts compared class by class (:class:`Gate`, :class:`GateArm`; decided in :mod:`specscope.read.evaluate.gate`),
+all held by an :class:`Evaluation`."""
 
 from __future__ import annotations
 
@@ -173,6 +174,44 @@ class Candidate:
 
 
 @dataclass
+class GateArm:
+    """One draft as ``--gate`` measured it, at the gate's K: by batch size and traffic class a :class:`Cell` (each
+    round's plain and speculative tokens/s, on that class's prompts alone, the same prompts for both drafts in the
+    same round), and by class the acceptance over its requests with its interval."""
+
+    candidate: Candidate
+    #: batch size -> class -> the rounds.
+    cells: dict[int, dict[str, Cell]] = field(default_factory=dict)
+    #: class -> the speculative engine's counts of that class's finished requests.
+    acceptance: dict[str, ClassCounts] = field(default_factory=dict)
+    #: class -> the acceptance's interval (:func:`specscope.read.evaluate.gate.acceptance_interval`).
+    acceptance_interval: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+
+@dataclass
+class Gate:
+    """What ``specscope evaluate --gate`` compares: a candidate draft against the incumbent, on the same held-out
+    traffic, class by class, with the shares that weigh the classes and the margin no class may lose."""
+
+    k: int
+    batch_sizes: list[int]
+    candidate: GateArm
+    incumbent: GateArm
+    #: Each class's share of the traffic's output tokens (they sum to 1 over the classes measured).
+    shares: dict[str, float]
+    #: Where the shares came from (the prompts file, or a live snapshot's URL).
+    shares_source: str = "prompts file"
+    #: The share of the live traffic's output tokens in the classes the file holds (None: shares from the file).
+    coverage: float | None = None
+    #: The largest loss of a class's speedup, as a fraction of the incumbent's, that the gate allows.
+    margin: float = 0.05
+    #: The class the candidate is meant to improve, and how it was named.
+    weak: str | None = None
+    weak_basis: str = ""
+    confidence: float = 0.95
+
+
+@dataclass
 class Evaluation:
     """Everything measured, in the order it was."""
 
@@ -183,3 +222,13 @@ class Evaluation:
     partial: bool = False
     note: str | None = None
     seconds: float = 0.0
+    #: With ``--gate``: the two drafts compared (``candidates`` then holds them, candidate first).
+    gate: Gate | None = None
+
+
+def ran_text(p: dict[str, Any]) -> str:
+    """How many distinct prompts the windows ran, and of which classes: what the numbers are about."""
+    if "ran" not in p:
+        return "no window ran"
+    return (f"{p['ran']} distinct prompts run (" + ", ".join(f"{k} {v}" for k, v in p["classes_ran"].items())
+            + ")")

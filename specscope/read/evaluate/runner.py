@@ -1,5 +1,6 @@
 """The engines of ``specscope evaluate``: the target without speculation throughout, one speculative engine at a
-time beside it, measured round by round at each batch size (:class:`Runner`)."""
+time beside it, measured round by round at each batch size (:class:`Runner`); with ``--gate``, the incumbent's
+engine and then the candidate's, class by class on the same prompts (:meth:`Runner.run_gate`)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import gc
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from specscope.core import intervals
 from specscope.core.model import StepProfile
 from specscope.read.evaluate.choose import choose_schedule
-from specscope.read.evaluate.results import Candidate, Cell, Evaluation, Forecast, KRun
+from specscope.read.evaluate.results import Candidate, Cell, Evaluation, Forecast, GateArm, KRun
+from specscope.read.evaluate.stats import acceptance_interval
 from specscope.read.evaluate.workload import Workload
 
 #: Each engine's share of a GPU's memory (vLLM's ``gpu_memory_utilization``, a per-engine budget) where the plain
@@ -142,6 +144,78 @@ class Runner:
                 if getattr(getattr(self.plain.llm_engine.engine_core, "resources", None), "engine_dead", False):
                     raise EngineStopped(f"the target without speculation stopped ({cand.note})") from None
 
+    def run_gate(self, ev: Evaluation, work: Workload) -> None:
+        """Measure the incumbent, then the candidate, at the gate's K beside the plain target, filling ``ev.gate``.
+
+        At each batch size each traffic class runs in windows of its own prompts (:func:`class_rounds`), plain and
+        speculative alternating which goes first, round after round. Round r of every engine starts at the same
+        prompt of each class, r / rounds of the way through the class's prompts, so the two drafts are measured on
+        the same held-out prompts in the same round (paired) and the rounds between them walk the class's prompts.
+        No engine is served a prompt from a cache: prefix caching is off in every engine the gate starts (the command
+        refuses ``--engine-arg enable_prefix_caching=true`` with ``--gate``), and each draft's engine is a process of
+        its own started empty, so no prompt's KV is reused, within an engine or between the engines compared. An
+        incumbent whose engine fails leaves the candidate unmeasured (nothing to compare with); a candidate whose
+        engine fails is marked failed (the gate rejects it)."""
+        gate = ev.gate
+        assert gate is not None
+        sizes = gate.batch_sizes
+        groups = class_rounds(work)
+        self._warm(self.plain, work, sizes)
+        for i, (role, arm) in enumerate((("incumbent", gate.incumbent), ("candidate", gate.candidate))):
+            cand = arm.candidate
+            self.todo = {"start": 2 - i, "window": (2 - i) * self.rounds * len(sizes) * len(groups) * 2}
+            label = f"[{role} {cand.short}]"
+            try:
+                self.spec = self._start(cand.config(gate.k))
+                self._warm(self.spec, work, sizes)
+                hub = self._gate_windows(arm, groups, sizes, label)
+                cand.status = "measured"
+                _gate_acceptance(arm, hub.snapshot(), gate.confidence)
+            except KeyboardInterrupt:
+                cand.status = "interrupted"
+                raise
+            except Exception as exc:  # a configuration vLLM refuses, or an engine that died
+                cand.status, cand.note = "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+                self.progress(f"{label} failed: {cand.note}")
+                if getattr(getattr(self.plain.llm_engine.engine_core, "resources", None), "engine_dead", False):
+                    raise EngineStopped(f"the target without speculation stopped ({cand.note})") from None
+                if role == "incumbent":
+                    return
+            finally:
+                if self.spec is not None:
+                    _shutdown(self.spec)
+                    self.spec = None
+
+    def _gate_windows(self, arm: GateArm, groups: dict[str, ClassPrompts], sizes: Sequence[int], label: str) -> Any:
+        """The gate's rounds for one draft's engine (``self.spec``); returns the hub that recorded its requests."""
+        from specscope.engine import vllm_engine
+        from specscope.engine.measure import PromptOrder, steady_throughput
+        from specscope.state.hub import Hub
+
+        hub = Hub(window_s=3600, max_requests=100_000)
+        vllm_engine.instrument(self.spec, hub)
+        n = 0
+        for r in range(self.rounds):
+            for b in sizes:
+                for name, group in groups.items():
+                    order = PromptOrder(len(group.where), start=(r * len(group.where)) // self.rounds)
+                    tok_s = {}
+                    for who in (("plain", "spec") if n % 2 == 0 else ("spec", "plain")):
+                        t0 = time.monotonic()
+                        tok_s[who] = steady_throughput(self.plain if who == "plain" else self.spec, b, self.window_s,
+                                                       group.prompts, group.max_tokens, [name] * len(group.where),
+                                                       order, settle=True, warm=b)
+                        self._done("window", time.monotonic() - t0)
+                    n += 1
+                    self.ran |= {group.where[j] for j in order.ran}
+                    cell = arm.cells.setdefault(b, {}).setdefault(name, Cell())
+                    cell.plain.append(tok_s["plain"])
+                    cell.spec.append(tok_s["spec"])
+                    self.progress(f"{label} batch {b} class {name} round {r + 1}/{self.rounds}: "
+                                  f"{tok_s['spec'] / tok_s['plain']:.2f}x (plain {tok_s['plain']:.0f} tok/s, "
+                                  f"speculative {tok_s['spec']:.0f}); {self.left()}")
+        return hub
+
     def _start(self, spec_config: dict[str, Any]) -> Any:
         from specscope.engine import wrapper
         from specscope.state.hub import Hub
@@ -228,3 +302,34 @@ class Runner:
         kv = draft_kv_cost(snap)
         if kv is not None and cand.draft_kv is None:
             cand.draft_kv = {"blocks": round(kv.blocks, 1), "share": round(kv.share, 4), "text": kv.explain()}
+
+
+class ClassPrompts(NamedTuple):
+    """One traffic class's prompts of a workload: where they are in it, the prompts and their output lengths."""
+
+    where: list[int]
+    prompts: list[dict[str, list[int]]]
+    max_tokens: list[int]
+
+
+def class_rounds(work: Workload) -> dict[str, ClassPrompts]:
+    """The workload's prompts by class (in file order within a class; classes by name), as the gate's windows take
+    them: each window runs one class's prompts alone."""
+    out: dict[str, ClassPrompts] = {}
+    for i, name in enumerate(work.classes):
+        group = out.setdefault(name or "(unclassed)", ClassPrompts([], [], []))
+        group.where.append(i)
+        group.prompts.append(work.prompts[i])
+        group.max_tokens.append(work.max_tokens[i])
+    return dict(sorted(out.items()))
+
+
+def _gate_acceptance(arm: GateArm, snap: Any, confidence: float) -> None:
+    """Each class's acceptance over the draft's measured requests, with its interval over requests."""
+    arm.acceptance = {tc.name: tc.lifetime for tc in snap.classes if tc.lifetime.draft_tokens}
+    per: dict[str, list[tuple[int, int]]] = {}
+    for r in snap.requests:
+        if r.class_name is not None and r.draft_tokens:
+            per.setdefault(r.class_name, []).append((r.draft_tokens, r.accepted_tokens or 0))
+    arm.acceptance_interval = {name: iv for name, rows in per.items()
+                               if (iv := acceptance_interval(rows, confidence)) is not None}
