@@ -118,7 +118,7 @@ def main() -> None:
     import specscope
     from specscope import tiny_models
     from specscope.engine.measure import PromptOrder
-    from specscope.read.evaluate.workload import output_lengths
+    from specscope.read.workload import output_lengths
     from specscope.state.hub import Hub
 
     models = tiny_models.build()

@@ -39,7 +39,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 from benchmarks._common import RESULTS, write
 from specscope import tiny_models
 from specscope.engine.measure import PromptOrder, measure_step_times, steady_throughput
-from specscope.read.evaluate.workload import output_lengths
+from specscope.read.workload import output_lengths
 
 BATCHES = (1, 4, 16)
 TOKENS = 96

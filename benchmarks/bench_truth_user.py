@@ -89,7 +89,7 @@ from benchmarks._common import RESULTS, provenance, write
 from specscope import tiny_models
 from specscope.core import codec, intervals
 from specscope.engine.measure import PromptOrder, measure_step_times, serve_until_row, steady_throughput
-from specscope.read.evaluate.workload import output_lengths
+from specscope.read.workload import output_lengths
 from specscope.tiny_models.models import llama_config
 from specscope.verdict.baseline import MAX_ROUNDS
 

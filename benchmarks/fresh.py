@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from specscope import tiny_models
-from specscope.read.evaluate.workload import output_lengths
+from specscope.read.workload import output_lengths
 
 #: Prompts per sample, and the mean of their output lengths (drawn per prompt from half to 1.5 times it).
 SAMPLE_SIZE, MEAN_TOKENS = 64, 64

@@ -169,7 +169,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 
     from specscope.engine.measure import measure_step_times, stop_engine
     from specscope.engine.wrapper import LLM
-    from specscope.read.evaluate.workload import InputError, load_prompts, prepare
+    from specscope.read.workload import InputError, load_prompts, prepare
 
     try:
         # Every prompt is calibrated with --tokens output tokens (its own max_tokens, or a drawn one, is not run).

@@ -38,9 +38,9 @@ from typing import Any
 from specscope.core.model import EngineInfo, StepProfile
 from specscope.engine.measure import PromptOrder
 from specscope.export.alerts.rules import Thresholds
-from specscope.read.evaluate.workload import output_lengths
 from specscope.read.fleet import Target
 from specscope.read.scrape import HubSource
+from specscope.read.workload import output_lengths
 from specscope.state.hub import Hub
 from specscope.verdict.baseline import MAX_ROUNDS
 

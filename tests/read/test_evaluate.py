@@ -15,10 +15,11 @@ import pytest
 
 from specscope import cli
 from specscope.core.model import ClassCounts
-from specscope.read.evaluate import choose, render, results, runner, workload
+from specscope.read import workload
+from specscope.read.evaluate import choose, render, results, runner
 from specscope.read.evaluate import cli as evaluate_cli
 from specscope.read.evaluate.results import Candidate, Cell, Evaluation, Forecast, KRun
-from specscope.read.evaluate.workload import InputError, Prompt
+from specscope.read.workload import InputError, Prompt
 
 
 def write(path: Path, lines: list[Any]) -> Path:

@@ -21,7 +21,7 @@ from specscope.core.model import CaptureStatus, ClassCounts, TrafficClass
 from specscope.read.evaluate import cli as evaluate_cli
 from specscope.read.evaluate import gate, gate_report, render, runner, stats
 from specscope.read.evaluate.results import Candidate, Cell, Evaluation, Gate, GateArm
-from specscope.read.evaluate.workload import Workload
+from specscope.read.workload import Workload
 from specscope.state.hub import Hub
 from tests.conftest import REPO
 

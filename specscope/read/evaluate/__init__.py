@@ -15,7 +15,8 @@ specscope's estimate puts on it.
 
 The rooms:
 
-- :mod:`~specscope.read.evaluate.workload`: the prompts file (JSON lines or ShareGPT) and the tokenized workload.
+- :mod:`~specscope.read.workload` (shared with ``specscope calibrate`` and the demo): the prompts file (JSON lines or
+  ShareGPT) and the tokenized workload.
 - :mod:`~specscope.read.evaluate.results`: what was measured (Candidate, KRun, Cell, Schedule, Evaluation).
 - :mod:`~specscope.read.evaluate.choose`: the schedule from the measured speedups, and the ranking of candidates.
 - :mod:`~specscope.read.evaluate.gate`: ``--gate``, the promotion gate: a candidate draft against the incumbent,

@@ -19,8 +19,8 @@ from specscope.read.evaluate import gate as gating
 from specscope.read.evaluate.render import render_html, render_text, to_dict
 from specscope.read.evaluate.results import Candidate, Evaluation, Gate, GateArm
 from specscope.read.evaluate.runner import EngineStopped, Runner, gpu_memory_split
-from specscope.read.evaluate.workload import InputError, Prompt, Workload, load_prompts, prepare
 from specscope.read.figures import matplotlib_missing
+from specscope.read.workload import InputError, Prompt, Workload, load_prompts, prepare
 
 #: Candidates named by their method alone (no model path): n-gram lookup, and the target's own multi-token-prediction
 #: layers.

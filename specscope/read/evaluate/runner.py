@@ -16,7 +16,7 @@ from specscope.core.model import StepProfile
 from specscope.read.evaluate.choose import choose_schedule
 from specscope.read.evaluate.results import Candidate, Cell, Evaluation, Forecast, GateArm, KRun
 from specscope.read.evaluate.stats import acceptance_interval
-from specscope.read.evaluate.workload import Workload
+from specscope.read.workload import Workload
 
 #: Each engine's share of a GPU's memory (vLLM's ``gpu_memory_utilization``, a per-engine budget) where the plain
 #: target and a candidate run side by side on it: vLLM's default 0.92 for the first leaves the second no room.

@@ -1,5 +1,6 @@
-"""The workload ``specscope evaluate`` (and ``specscope calibrate --prompts``) measures on: a prompts file (JSON lines
-or ShareGPT JSON) read into :class:`Prompt`, then tokenized with the target's tokenizer into a :class:`Workload`."""
+"""The workload ``specscope evaluate``, ``specscope calibrate --prompts`` and the demo measure on: a prompts file
+(JSON lines or ShareGPT JSON) read into :class:`Prompt`, then tokenized with the target's tokenizer into a
+:class:`Workload`."""
 
 from __future__ import annotations
 
