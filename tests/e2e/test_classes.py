@@ -24,6 +24,7 @@ from specscope import Hub, tiny_models
 from specscope.core import codec
 from specscope.core.classes import PROMPT_BUCKETS
 from specscope.engine import vllm_stats
+from specscope.engine.capture import attached
 from tests.conftest import ENGINE_KW, greedy, shutdown
 
 pytestmark = pytest.mark.engine
@@ -57,7 +58,9 @@ def captured_while_weak(llm: Any, hard: list[str], first: list[Any], directory: 
     chatted = llm.chat(chat, greedy(TOKENS), use_tqdm=False, specscope_class="hard")
     llm.generate(hard[:1], greedy(TOKENS), use_tqdm=False, specscope_class="easy")
     llm.specscope.wait_idle()
-    llm.specscope.capture.close()
+    cap = attached(llm.specscope)
+    assert cap is not None
+    cap.close()
     written = [json.loads(line) for f in sorted(directory.glob("*.jsonl")) for line in f.read_text().splitlines()]
     # The first pass's requests, sent without a class (classed by prompt length), may be written too: where a look
     # at the window, as the pass's slowest requests finished, found their class under the line (a slow machine).
