@@ -15,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks._common import per_call_ns, write
+from specscope.read.metrics_snapshot import vllm_snapshot
 from specscope.read.promtext import parse
-from specscope.read.scrape import vllm_snapshot
 
 PAGE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "vllm_metrics.txt"
 
