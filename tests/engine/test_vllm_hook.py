@@ -34,7 +34,10 @@ BODY = b'{"messages": [{"role": "user", "content": "' + b"x" * (64 << 10) + b'"}
 @pytest.fixture
 def hooked(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """The hook installed on vLLM's classes (put back afterwards), empty, with a capture running; vLLM's output
-    processor of a front end, without an engine."""
+    processor of a front end, without an engine. vLLM's own methods first: an engine still alive from an earlier
+    test (the e2e tier's, kept for the session) may hold the hook in place, which must not be wrapped twice."""
+    for owner, name, original in reversed(vllm_hook._replaced):
+        monkeypatch.setattr(owner, name, original)
     for name, fresh in (("_installed", None), ("_holders", 0), ("_replaced", []), ("_ADDED", OrderedDict()),
                         ("_BODIES", OrderedDict()), ("_body_bytes", 0)):
         monkeypatch.setattr(vllm_hook, name, fresh)
