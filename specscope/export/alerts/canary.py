@@ -18,7 +18,7 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from specscope.export.alerts.evaluate import Alert, Notifier
+from specscope.export.alerts.evaluate import Alert, Notifier, notify
 from specscope.export.alerts.rules import RUNBOOK
 
 log = logging.getLogger("specscope.alerts")
@@ -151,20 +151,17 @@ class CanaryAlerts:
                     current = self._alerts[key] = replace(current, state="resolved", resolved_at=now)
                     changed.append(current)
             firing = [a for a in self._alerts.values() if a.state == "firing" and a not in changed]
-        for notifier in self.notifiers:
-            batch = changed + firing if getattr(notifier, "resend_firing", False) else changed
-            if not batch:
-                continue
-            try:
-                notifier.notify(batch)
-            except Exception as exc:
-                log.warning("specscope: notifier %s failed: %s: %s", type(notifier).__name__, type(exc).__name__, exc)
+        notify(self.notifiers, changed, firing, _notifier_failed)
         return changed
 
     def active(self) -> list[Alert]:
         """The firing alerts, all traffic first."""
         with self._lock:
             return sorted((a for a in self._alerts.values() if a.state == "firing"), key=lambda a: a.labels)
+
+
+def _notifier_failed(what: str, exc: Exception) -> None:
+    log.warning("specscope: %s failed: %s: %s", what, type(exc).__name__, exc)
 
 
 class CanaryCollector(Collector):

@@ -40,6 +40,21 @@ class Notifier(Protocol):
     def notify(self, alerts: Sequence[Alert]) -> None: ...
 
 
+def notify(notifiers: Sequence[Notifier], changed: list[Alert], firing: list[Alert],
+           on_error: Callable[[str, Exception], None]) -> None:
+    """Tell each notifier of the alerts that ``changed`` state; those that want it (``resend_firing``:
+    Alertmanager forgets alerts that are not re-sent) of every still ``firing`` one too. A notifier that fails is
+    said to ``on_error`` and the others are told all the same."""
+    for notifier in notifiers:
+        batch = changed + firing if getattr(notifier, "resend_firing", False) else changed
+        if not batch:
+            continue
+        try:
+            notifier.notify(batch)
+        except Exception as exc:
+            on_error(f"notifier {type(notifier).__name__}", exc)
+
+
 class Evaluator:
     """Evaluates rules on snapshots; thread-safe. Failures of rules and notifiers go to the error sink ``on_error``
     (default: the hub's health), never raised. ``hub`` is only where snapshots come from: :meth:`evaluate` without a
@@ -88,15 +103,7 @@ class Evaluator:
                         continue
                     changed += self._advance(rule, (rule.name, engine), labels, view, active, now)
             firing = [a for a in self._alerts.values() if a.state == "firing" and a not in changed]
-        for notifier in self.notifiers:
-            # Alertmanager forgets alerts that are not re-sent; the others hear of transitions only.
-            batch = changed + firing if getattr(notifier, "resend_firing", False) else changed
-            if not batch:
-                continue
-            try:
-                notifier.notify(batch)
-            except Exception as exc:
-                self.on_error(f"notifier {type(notifier).__name__}", exc)
+        notify(self.notifiers, changed, firing, self.on_error)
         return changed
 
     def _advance(self, rule: Rule, key: tuple[str, str], labels: dict[str, str], snap: Snapshot, active: bool,
