@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -103,3 +104,20 @@ def serve(target: Path, spec: dict[str, Any] | None, engine: list[str], log: Pat
     full_env = {**os.environ, "VLLM_PLUGINS": "specscope", "VLLM_LOGGING_LEVEL": "WARNING", "PYTHONPATH": root,
                 **(env or {})}
     return start_server(cmd, full_env, log), f"http://127.0.0.1:{port}"
+
+
+def reap(seen: dict[int, Any], name: Callable[[int, Any], str], wait_s: float = 30.0) -> list[str]:
+    """After a server was told to stop: wait up to ``wait_s`` in all for each process it started (``seen``: pid ->
+    ``psutil.Process``), kill those still running, and return their ``name(pid, process)``."""
+    import psutil
+
+    left = []
+    deadline = time.monotonic() + wait_s
+    for pid, p in seen.items():
+        with contextlib.suppress(psutil.Error):
+            p.wait(max(0.1, deadline - time.monotonic()))
+        with contextlib.suppress(psutil.Error):
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(name(pid, p))
+                p.kill()
+    return left

@@ -85,7 +85,7 @@ import httpx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks._common import RESULTS, ROOT, write
+from benchmarks._common import RESULTS, ROOT, reap, write
 from tests.conftest import free_port, spec_config
 from tests.e2e.test_server import launch, stop, wait_up
 
@@ -478,14 +478,7 @@ class Run:
         if self.proc is not None:
             self.tree()
             stop(self.proc)
-            deadline = time.monotonic() + 30
-            for pid, p in self.seen.items():
-                with contextlib.suppress(psutil.Error):
-                    p.wait(max(0.1, deadline - time.monotonic()))
-                with contextlib.suppress(psutil.Error):
-                    if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                        left.append(f"{pid} {role(p)}")
-                        p.kill()
+            left = reap(self.seen, lambda pid, p: f"{pid} {role(p)}")
         return left
 
     # ------------------------------------------------------------------ reading the server

@@ -71,7 +71,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import httpx
 import psutil
 
-from benchmarks._common import RESULTS, ROOT, write
+from benchmarks._common import RESULTS, ROOT, reap, write
 from benchmarks.bench_abuse import raised_by_specscope, tracebacks
 from specscope.export.alerts.canary import BETTER, WORSE
 from tests.conftest import free_port, spec_config
@@ -327,21 +327,12 @@ class Server:
 
     def stop(self) -> list[str]:
         """Stop it and every process it started; the ones that had to be killed."""
-        left: list[str] = []
         if self.proc is None:
-            return left
+            return []
         self.tree()
         if self.proc.poll() is None:
             stop(self.proc)
-        deadline = time.monotonic() + 30
-        for pid, p in self.seen.items():
-            with contextlib.suppress(psutil.Error):
-                p.wait(max(0.1, deadline - time.monotonic()))
-            with contextlib.suppress(psutil.Error):
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                    left.append(f"{self.role} {pid}")
-                    p.kill()
-        return left
+        return reap(self.seen, lambda pid, _: f"{self.role} {pid}")
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
