@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from specscope import cli
 from specscope.core.model import CaptureStatus, ClassCounts, TrafficClass
 from specscope.read.evaluate import cli as evaluate_cli
 from specscope.read.evaluate import gate, gate_report, render, runner, stats
@@ -24,6 +23,7 @@ from specscope.read.evaluate.results import Candidate, Cell, Evaluation, Gate, G
 from specscope.read.workload import Workload
 from specscope.state.hub import Hub
 from tests.conftest import REPO
+from tests.read.test_evaluate import run_cli, write
 
 INC_BIG = [1.50, 1.53, 1.47, 1.51, 1.49, 1.52]
 INC_WEAK = [1.05, 1.08, 1.02, 1.06, 1.04, 1.07]
@@ -277,19 +277,6 @@ def test_shares_and_the_weak_class_from_a_live_snapshot() -> None:
 
 
 # -- the command
-def write(path: Path, lines: list[Any]) -> Path:
-    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    return path
-
-
-def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    try:
-        code = cli.main(["evaluate", *args])
-    except SystemExit as exc:  # argparse
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
-
 
 def test_every_bad_input_before_an_engine_starts_is_one_line_and_exit_2(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], tiny: dict[str, Path]) -> None:
