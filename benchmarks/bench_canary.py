@@ -95,13 +95,17 @@ POOL = 1500
 
 @dataclass(frozen=True)
 class Draft:
-    """What one replica speculates with: a tiny draft's name (or ``ngram``) and K."""
+    """What one replica speculates with: a tiny draft's name (or ``ngram``) and K, or a draft model's directory
+    (``model``, named ``name``)."""
 
     name: str
     k: int
+    model: str | None = None
 
     def spec(self, tiny: dict[str, Path]) -> dict[str, Any]:
         """Its ``--speculative-config``: an EAGLE head by its method, else as the test suite names the drafts."""
+        if self.model is not None:
+            return {"method": "draft_model", "model": self.model, "num_speculative_tokens": self.k}
         for suffix, method in (("-eagle3", "eagle3"), ("-eagle", "eagle")):
             if self.name.endswith(suffix):
                 return {"method": method, "model": str(tiny[self.name]), "num_speculative_tokens": self.k}
@@ -148,6 +152,9 @@ PAIRS: dict[str, Pair] = {
     "draft-to-eagle3": Pair("deep01-target", Draft("deep01-draft", 2), Draft("deep01-eagle3", 2),
                             "deep01 target, K=2: the incumbent's 1-layer draft (0.820) against the candidate's EAGLE-3 "
                             "head (0.696): the candidate worse by about 12 points (SpecscopeCanaryWorse fires)"),
+    "deep01-k4-to-k2": Pair("deep01-target", Draft("deep01-draft", 4), Draft("deep01-draft", 2),
+                            "deep01 target, its 1-layer draft at K=4 (0.726) against the same draft at K=2 (0.820): "
+                            "the candidate better by about 9 points (a K change, not a draft change)"),
     "noise2-k4-to-k2": Pair("target", Draft("noise2", 4), Draft("noise2", 2),
                             "the tiny target's 2%-noise draft at K=4 (0.72) against the same draft at K=2 (~0.78, "
                             "estimated): a K change, not a draft change, about 6-9 points"),
@@ -297,7 +304,7 @@ class Server:
                bind: str | None) -> None:
         port = free_port()
         self.cmd = ["timeout", str(life_s), sys.executable, "-m", "tests.e2e.vllm_serve", "--model",
-                    str(tiny[target]), "--speculative-config", json.dumps(draft.spec(tiny)),
+                    str(tiny.get(target, target)), "--speculative-config", json.dumps(draft.spec(tiny)),
                     "--per-request-spec-decode-metrics", "summary",
                     "--middleware", "specscope.engine.middleware.SpecscopeMiddleware",
                     "--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", str(args.max_num_seqs), *ENGINE]
@@ -458,15 +465,14 @@ def row_summary(doc: dict[str, Any] | None) -> list[dict[str, Any]]:
 
 # -------------------------------------------------------------------------------------------------------- run
 async def main_async(args: argparse.Namespace, servers: list[Server], root: Path, name: str,
-                     result: dict[str, Any]) -> None:
-    pair = PAIRS[args.pair]
+                     result: dict[str, Any], pair: Pair, classes: list[TrafficClass]) -> None:
     urls = [s.url for s in servers]
     limits = httpx.Limits(max_connections=2 * args.concurrency + 8, max_keepalive_connections=2 * args.concurrency)
     async with httpx.AsyncClient(timeout=httpx.Timeout(180, connect=10), limits=limits) as client:
         models = [(await client.get(f"{u}/v1/models", timeout=30)).json()["data"][0]["id"] for u in urls]
         if models[0] != models[1]:
             raise RuntimeError(f"the replicas serve different models: {models}")
-        load = Load(urls, models[0], mix(args.seed), args.concurrency, args.seed)
+        load = Load(urls, models[0], classes, args.concurrency, args.seed)
         result["warm_up"] = await load.warm(client)
         before = [await snapshot_counts(client, u) for u in urls]
 
@@ -683,7 +689,19 @@ def main() -> None:
     if args.minutes <= 0 or args.concurrency < 1 or args.max_num_seqs < 1:
         ap.error("--minutes, --concurrency and --max-num-seqs must be positive")
     name = args.results or ("smoke_" if args.smoke else "") + f"canary_{args.mode}"
+    expected = None
+    if args.mode == "difference":
+        known = [KNOWN.get((pair.target, d.name, d.k)) for d in (pair.incumbent, pair.candidate)]
+        if not (known[0] and known[1]):
+            ap.error(f"--pair {args.pair}: no known acceptance to tell the right direction")
+        expected = BETTER if known[1][0] > known[0][0] else WORSE
+    print(markdown(run(pair, mix(args.seed), args, name, expected)))
 
+
+def run(pair: Pair, classes: list[TrafficClass], args: argparse.Namespace, name: str,
+        expected: str | None) -> dict[str, Any]:
+    """The canary of ``pair`` under ``classes``' traffic, judged (``expected``: the decision a difference should
+    reach) and written as NAME; returns the results as written."""
     from specscope import tiny_models
 
     tiny = tiny_models.build()
@@ -692,13 +710,10 @@ def main() -> None:
         "incumbent": pair.incumbent.label(), "candidate": pair.candidate.label(), "minutes": args.minutes,
         "concurrency": args.concurrency, "max_num_seqs": args.max_num_seqs, "bind": args.bind, "smoke": args.smoke,
         "interval_s": INTERVAL_S, "class_header": CLASS_HEADER, "cpus": os.cpu_count(),
-        "mix": [{"class": c.name, "share": c.share, "max_tokens": list(c.tokens)} for c in mix(args.seed)],
+        "mix": [{"class": c.name, "share": c.share, "max_tokens": list(c.tokens)} for c in classes],
         "sampling": "greedy (temperature 0), ignore_eos"}}
-    if args.mode == "difference":
-        known = [KNOWN.get((pair.target, d.name, d.k)) for d in (pair.incumbent, pair.candidate)]
-        if not (known[0] and known[1]):
-            ap.error(f"--pair {args.pair}: no known acceptance to tell the right direction")
-        result["expected_decision"] = BETTER if known[1][0] > known[0][0] else WORSE
+    if expected is not None:
+        result["expected_decision"] = expected
     root = Path(tempfile.mkdtemp(prefix="bench-canary-"))
     servers = [Server("incumbent", root), Server("candidate", root)]
     life = int(args.minutes * 60 + 900)
@@ -712,7 +727,7 @@ def main() -> None:
         result["servers_up_s"] = round(time.monotonic() - t_start, 1)
         result["server_commands"] = {s.role: " ".join(s.cmd) for s in servers}
         print(f"[canary] both replicas up after {result['servers_up_s']} s: {[s.url for s in servers]}", flush=True)
-        asyncio.run(main_async(args, servers, root, name, result))
+        asyncio.run(main_async(args, servers, root, name, result, pair, classes))
     finally:
         result["left_running"] = [x for s in servers for x in s.stop()]
         result["server_logs"] = {s.role: s.log_tracebacks() for s in servers}
@@ -720,10 +735,9 @@ def main() -> None:
     result["goals"] = judge(args, result)
     result["minutes_in_all"] = round((time.monotonic() - t_start) / 60, 1)
     write(name, result, seed=args.seed)
-    doc = json.loads((RESULTS / f"{name}.json").read_text())
+    doc: dict[str, Any] = json.loads((RESULTS / f"{name}.json").read_text())
     (RESULTS / f"{name}.md").write_text(markdown(doc))
-    print(markdown(doc))
-
+    return doc
 
 if __name__ == "__main__":
     main()

@@ -1,25 +1,46 @@
-"""From "this class is weak" to the draft that fixes it, end to end on real engines (issue 29 item 4).
+"""The remedy loop as an operator runs it, end to end on real engines (issue 50 item 3, after issue 29 item 4):
+class alert → capture → fine-tune → gate → canary → promote, each step fed by the one before with no hand-editing;
+and whether the gate decides as a measurement three times as long does, on three candidate/incumbent pairs (issue 50,
+goal 1).
 
-1. The tiny target with its 10%-noise draft (K = 4): one offline pass over 800 prompts tells the 40% the draft
-   predicts worst ("hard") from the quarter it predicts best ("easy"); a quarter of the hard ones are held out,
-   the rest served.
-2. ``vllm serve`` with the draft, capture on for the weak classes (``SPECSCOPE_CAPTURE_DIR``; classes ``weak``):
-   six rounds of traffic (classes in the operator's header, ``SPECSCOPE_CLASS_HEADER``), each half the easy prompts
-   and a sixth of the served hard ones, so that the engine-wide acceptance stays above the line while the hard class
-   is under it:
-   ``SpecscopeWeakDraftForClass`` fires for ``hard``, and the hard requests are captured as training rows.
-3. ``examples/finetune_draft.py``: the draft distilled from the target on the captured rows of class ``hard``
-   (plain PyTorch; its defaults).
-4. ``specscope evaluate`` of the old and the new draft on the held-out hard prompts and the easy ones: the ranking,
-   and each class's acceptance under each draft.
-5. ``vllm serve`` with the new draft, the held-out hard and the easy traffic: the class alert no longer fires.
+The loop (the tiny target, its 10%-noise draft ``noise10`` in production, K = 4, greedy, 48 tokens a request):
 
-Run: python benchmarks/bench_weak_class_loop.py
-Results: benchmarks/results/weak_class_loop.json
+1. **Classes**: one offline pass of the noise10 engine over 1,200 prompts (vLLM's own per-request acceptance) tells the
+   40% it predicts worst (``hard``) from the quarter it predicts best (``easy``); half the hard ones are served, half
+   held out (samples A and B: what the gates run on, never trained on).
+2. **Alert and capture**: ``vllm serve`` with noise10, capture on for the weak classes (``SPECSCOPE_CAPTURE_DIR``,
+   classes ``weak``), the class in the operator's header (``SPECSCOPE_CLASS_HEADER``): six rounds, each half of
+   200 easy prompts and a sixth of the served hard ones. ``SpecscopeWeakDraftForClass`` fires for ``hard``, and the
+   hard requests are captured as training rows.
+3. **Fine-tune**: ``examples/finetune_draft.py`` on the captured rows of ``hard`` with its defaults (``tuned``), and
+   the same with 2 epochs instead of 12 (``tuned-light``, for pair 3).
+4. **Gate**: ``specscope evaluate TARGET --draft tuned --incumbent noise10 --gate --weak hard`` on sample A (exit
+   code and JSON: the decision).
+5. **Canary**: two ``vllm serve`` replicas, noise10 and the gate's candidate, under one load of easy (70%) and held-out
+   hard (30%) prompts, ``specscope compare --until-decided`` (benchmarks/bench_canary.py's replicas, load and watch),
+   for up to 10 minutes; the direction expected is the one the gate measured (its traffic-weighted acceptance), stated
+   before the canary starts.
+6. **Promote**: ``vllm serve`` with the candidate alone, the held-out hard and the easy traffic: the class alert no
+   longer fires.
+
+**The gate against a longer measurement**: each pair gated as in step 4 (3 rounds of 3 s windows a class, batch 4,
+K = 4) on sample A, and again with three times the rounds on sample B (other prompts of the same classes); the long
+run's decision is the reference. The pairs, fixed before any was measured:
+
+- P1 ``tuned`` over ``noise10`` on easy + hard (the remedy; step 4 is its short gate);
+- P2 ``noise10`` over ``noise2`` on two classes cut by the drafts themselves: ``own``, the prompts where noise10's
+  acceptance in a pass of its own beat noise2's by 0.05 or more (a quarter of the file at most), and ``rest``, prompts
+  where noise2 did better; noise10 wins its own class and loses the traffic (the weak class is ``own``);
+- P3 ``tuned`` over ``tuned-light`` on easy + hard: a close pair, direction not known in advance.
+
+Run: python benchmarks/bench_weak_class_loop.py [--smoke]    (about 45 minutes; --smoke: the code paths, ~10)
+Two cores: nothing else should run.
+Results: benchmarks/results/remedy_loop.json (.md; the canary's as remedy_loop_canary.*); --smoke: smoke_remedy_loop.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -35,49 +56,57 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 import httpx
 
-from benchmarks._common import serve, write
+from benchmarks import bench_canary as canary
+from benchmarks._common import RESULTS, serve, write
 from specscope import tiny_models
 from specscope.core import codec
 from tests.e2e.test_server import stop
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENS = 48
-PROMPTS = tiny_models.prompts(800, seed=71)
+K = 4
 #: Rounds of served traffic: each the half of the easy prompts and a sixth of the served hard ones.
 ROUNDS = 6
 #: The operator's class header (``SPECSCOPE_CLASS_HEADER``), which the traffic carries as a gateway would set it.
 CLASS_HEADER = "X-Tenant"
+ENGINE_KW: dict[str, Any] = {"enforce_eager": True, "dtype": "float32", "max_model_len": 512, "seed": 0}
 ENGINE = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "512"]
+#: The gate as step 4 runs it: one K, the batch size, rounds and window seconds; the long measurement takes
+#: ``LONG`` times the rounds.
+GATE = {"k": K, "batch": 4, "rounds": 3, "window_s": 3.0}
+LONG = 3
+#: P2's ``own`` class: prompts where noise10 accepted this much more than noise2, at most this share of the file.
+OWN_MARGIN, OWN_SHARE = 0.05, 0.25
+#: The canary's traffic: class, share, output tokens.
+CANARY_MIX = (("easy", 0.7), ("hard", 0.3))
+CANARY_TOKENS = (40, 56)
 
 
-def split(models: dict[str, Path]) -> tuple[list[str], list[str]]:
-    """(easy, hard) prompts of the 10%-noise draft, from one greedy pass (vLLM's own per-request acceptance): the
-    quarter it predicts best, and the 40% it predicts worst."""
+def acceptance(models: dict[str, Path], draft: str, prompts: list[str]) -> dict[str, float]:
+    """Each prompt's acceptance (accepted / drafted draft tokens) under ``draft`` at K, from one greedy pass (vLLM's
+    own per-request counts)."""
     from vllm import SamplingParams
 
     import specscope
     from specscope.engine import vllm_stats
     from specscope.engine.measure import stop_engine
 
-    llm = specscope.LLM(str(models["target"]), specscope_hub=specscope.Hub(), enforce_eager=True,
-                        dtype="float32", max_model_len=512, seed=0,
-                        speculative_config={"method": "draft_model", "model": str(models["noise10"]),
-                                            "num_speculative_tokens": 4})
+    llm = specscope.LLM(str(models["target"]), specscope_hub=specscope.Hub(), **ENGINE_KW,
+                        speculative_config=spec(models[draft]))
     try:
-        outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True),
+        outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True),
                                use_tqdm=False)
     finally:
         stop_engine(llm)
     rate = {}
-    for prompt, out in zip(PROMPTS, outputs, strict=True):
+    for prompt, out in zip(prompts, outputs, strict=True):
         steps = vllm_stats.per_step_counts(out.outputs[0].spec_decode_metrics)
         rate[prompt] = sum(steps[0]) / max(1, sum(steps[1])) if steps else 0.0
-    order = sorted(PROMPTS, key=rate.__getitem__)
-    return order[-len(order) // 4:], order[:len(order) * 2 // 5]
+    return rate
 
 
 def spec(draft: Path) -> dict[str, Any]:
-    return {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 4}
+    return {"method": "draft_model", "model": str(draft), "num_speculative_tokens": K}
 
 
 def send(url: str, traffic: list[tuple[str, str]]) -> None:
@@ -115,71 +144,244 @@ def alerts(url: str) -> dict[str, Any]:
                                                           "weak_now": list(snap.capture.weak_now)}}
 
 
-def main() -> None:
-    models = tiny_models.build()
+def finetune(models: dict[str, Path], captured: Path, out: Path, epochs: int | None) -> dict[str, Any]:
+    """``examples/finetune_draft.py`` on the captured rows of ``hard`` (its defaults, or ``epochs``): its JSON line."""
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "finetune_draft.py"), str(models["noise10"]),
+                           str(captured), "--target", str(models["target"]), "--class", "hard", "-o", str(out),
+                           *(["--epochs", str(epochs)] if epochs else [])],
+                          capture_output=True, text=True, check=True)
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    result.pop("output", None)
+    return result
+
+
+def prompts_file(path: Path, classes: dict[str, list[str]]) -> Path:
+    """The classes' prompts as ``--prompts`` reads them, interleaved (as served traffic mixes them)."""
+    rows = [(i / len(ps), name, p) for name, ps in classes.items() for i, p in enumerate(ps)]
+    path.write_text("".join(json.dumps({"prompt": p, "class": name}) + "\n" for _, name, p in sorted(rows)))
+    return path
+
+
+def gate(models: dict[str, Path], candidate: Path, incumbent: Path, prompts: Path, weak: str, rounds: int,
+         window_s: float, out: Path) -> dict[str, Any]:
+    """``specscope evaluate --gate`` as a pipeline calls it: exit code, decision, the traffic ratio and each class's,
+    and its seconds."""
+    args = [sys.executable, "-m", "specscope.cli", "evaluate", str(models["target"]), "--draft", str(candidate),
+            "--incumbent", str(incumbent), "--prompts", str(prompts), "--gate", "--weak", weak,
+            "--k", str(GATE["k"]), "--batch-sizes", str(GATE["batch"]), "--rounds", str(rounds),
+            "--window-s", f"{window_s:g}", "--max-tokens", str(TOKENS), "--json", str(out)]
+    for key, value in ENGINE_KW.items():
+        args += ["--engine-arg", f"{key}={json.dumps(value)}"]
     t0 = time.monotonic()
-    easy, hard = split(models)
-    held_out = hard[::4]
-    served = [p for i, p in enumerate(hard) if i % 4]
-    result: dict[str, Any] = {"prompts": {"easy": len(easy), "hard_served": len(served), "hard_held_out":
-                                          len(held_out)}}
+    done = subprocess.run(args, capture_output=True, text=True)
+    seconds = round(time.monotonic() - t0, 1)
+    if done.returncode not in (0, 1, 3, 4) or not out.is_file():
+        return {"exit_code": done.returncode, "seconds": seconds, "error": done.stderr[-2000:]}
+    g = json.loads(out.read_text())["gate"]
+    batch = g["by_batch"][str(GATE["batch"])]
+
+    def est(e: dict[str, Any] | None) -> list[float | None] | None:
+        return None if e is None else [e.get("value"), e.get("low"), e.get("high")]
+
+    return {"exit_code": done.returncode, "decision": g["decision"], "reasons": g["reasons"], "seconds": seconds,
+            "rounds": rounds, "shares": g["shares"],
+            "traffic_ratio": est(batch["weighted"]["ratio"]),
+            "classes": {name: {"ratio": est(c["ratio"]), "regresses": c["regresses"],
+                               "acceptance": [g[arm]["acceptance"].get(name, {}).get("acceptance")
+                                              for arm in ("candidate", "incumbent")]}
+                        for name, c in batch["classes"].items()},
+            "summary": done.stdout.strip().splitlines()[0] if done.stdout.strip() else ""}
+
+
+def expected_canary(g: dict[str, Any]) -> str:
+    """The canary's direction as the gate measured it: the candidate's acceptance weighed by the canary's class
+    shares against the incumbent's."""
+    shares = dict(CANARY_MIX)
+    cand, inc = (sum(shares[c] * (g["classes"][c]["acceptance"][i] or 0.0) for c in shares) for i in (0, 1))
+    return canary.BETTER if cand > inc else canary.WORSE
+
+
+def run_canary(models: dict[str, Path], candidate: Path, easy: list[str], hard: list[str], expected: str,
+               name: str, smoke: bool) -> dict[str, Any]:
+    """Step 5: the two replicas, the load and ``specscope compare --until-decided`` (bench_canary's)."""
+    pair = canary.Pair("target", canary.Draft("noise10", K), canary.Draft(candidate.name, K, model=str(candidate)),
+                       f"the tiny target, K={K}: noise10 in production against the gate's candidate {candidate.name}")
+    pools = {"easy": easy, "hard": hard}
+    classes = [canary.TrafficClass(c, share, tuple(pools[c]), CANARY_TOKENS) for c, share in CANARY_MIX]
+    args = argparse.Namespace(mode="difference", pair="remedy loop", minutes=1.5 if smoke else 10.0, concurrency=2,
+                              max_num_seqs=4, bind="auto", seed=50, smoke=smoke)
+    doc = canary.run(pair, classes, args, name, expected)
+    c = doc.get("canary") or {}
+    return {"results": f"{name}.json", "expected": expected, "first_decision": c.get("first_decision"),
+            "goals": doc.get("goals"), "acceptance": doc.get("acceptance"), "minutes_in_all": doc.get("minutes_in_all")}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="the code paths in ~10 minutes: numbers not to keep")
+    ap.add_argument("--results", default=None)
+    args = ap.parse_args()
+    stem = args.results or ("smoke_remedy_loop" if args.smoke else "remedy_loop")
+    n_prompts, rounds, window_s = (300, 2, 1.5) if args.smoke else (1200, GATE["rounds"], GATE["window_s"])
+    models = tiny_models.build()
+    t_start = time.monotonic()
+    minutes: dict[str, float] = {}
+
+    def lap(step: str, t0: float) -> None:
+        minutes[step] = round((time.monotonic() - t0) / 60, 1)
+        print(f"[loop] {step}: {minutes[step]} min", flush=True)
+
+    t0 = time.monotonic()
+    prompts = tiny_models.prompts(n_prompts, seed=71)
+    a10 = acceptance(models, "noise10", prompts)
+    a2 = acceptance(models, "noise2", prompts)
+    order = sorted(prompts, key=a10.__getitem__)
+    easy, hard = order[-len(order) // 4:], order[:len(order) * 2 // 5]
+    served, held_out = hard[1::2], hard[::2]
+    samples = {s: {"easy": easy[i::2], "hard": held_out[i::2]} for i, s in enumerate("AB")}
+    # P2's classes, cut by the two drafts' own passes
+    diff = sorted(prompts, key=lambda p: a2[p] - a10[p])
+    own = [p for p in diff if a10[p] - a2[p] >= OWN_MARGIN][:int(len(prompts) * OWN_SHARE)]
+    rest = [p for p in prompts if a2[p] > a10[p]][:3 * len(own)]  # in drawing order, not the most lopsided
+    p2 = {s: {"own": own[i::2], "rest": rest[i::2]} for i, s in enumerate("AB")}
+    result: dict[str, Any] = {"prompts": {
+        "drawn": n_prompts, "easy": len(easy), "hard_served": len(served), "hard_held_out": len(held_out),
+        "sample_sizes": {s: {c: len(v) for c, v in d.items()} for s, d in samples.items()},
+        "p2_sample_sizes": {s: {c: len(v) for c, v in d.items()} for s, d in p2.items()},
+        "mean_acceptance": {"noise10": {"easy": _mean(a10, easy), "hard": _mean(a10, hard)},
+                            "noise2": {"own": _mean(a2, own), "rest": _mean(a2, rest)},
+                            "noise10_p2": {"own": _mean(a10, own), "rest": _mean(a10, rest)}}}}
+    lap("classes", t0)
+
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         captured = root / "capture"
+        t0 = time.monotonic()
         proc, url = serve(models["target"], spec(models["noise10"]), ENGINE, root / "before.log",
                           {"SPECSCOPE_CAPTURE_DIR": str(captured), "SPECSCOPE_CAPTURE_CLASSES": "weak",
                            "SPECSCOPE_CLASS_HEADER": CLASS_HEADER})
         try:
+            serve_easy = easy[:200]
             for part in range(ROUNDS):
-                send(url, [(p, "easy") for p in easy[part % 2::2]] + [(p, "hard") for p in served[part::ROUNDS]])
+                send(url, [(p, "easy") for p in serve_easy[part % 2::2]] + [(p, "hard") for p in served[part::ROUNDS]])
                 time.sleep(1.5)  # capture reads the weak classes from the window once a second
             result["served_before"] = alerts(url)
         finally:
             stop(proc)
         rows = [json.loads(line) for f in captured.glob("*.jsonl") for line in f.read_text().splitlines()]
         result["captured_rows"] = {"rows": len(rows), "classes": sorted({r["class"] for r in rows})}
+        lap("alert and capture", t0)
 
-        new = root / "noise10-hard"
-        tune = subprocess.run([sys.executable, str(ROOT / "examples" / "finetune_draft.py"), str(models["noise10"]),
-                               str(captured), "--target", str(models["target"]), "--class", "hard", "-o", str(new)],
-                              capture_output=True, text=True,
-                              check=True)
-        result["finetune"] = json.loads(tune.stdout.strip().splitlines()[-1])
-        result["finetune"].pop("output")
+        t0 = time.monotonic()
+        tuned, light = root / "tuned", root / "tuned-light"
+        result["finetune"] = {"tuned": finetune(models, captured, tuned, 1 if args.smoke else None),
+                              "tuned-light": finetune(models, captured, light, 1 if args.smoke else 2)}
+        lap("fine-tune", t0)
 
-        workload = root / "held-out.jsonl"
-        workload.write_text("".join(json.dumps({"prompt": p, "class": c}) + "\n"
-                                    for p, c in [(p, "hard") for p in held_out] + [(p, "easy") for p in easy]))
-        engine_args = [a for key, value in {"enforce_eager": True, "dtype": "float32", "max_model_len": 512,
-                                            "seed": 0}.items() for a in ("--engine-arg", f"{key}={json.dumps(value)}")]
-        report = root / "evaluate.json"
-        subprocess.run([sys.executable, "-m", "specscope.cli", "evaluate", str(models["target"]),
-                        "--draft", str(models["noise10"]), "--draft", str(new), "--k", "4", "--batch-sizes", "1,8",
-                        "--rounds", "1", "--window-s", "4", "--max-tokens", str(TOKENS), "--prompts", str(workload),
-                        "--json", str(report), *engine_args], capture_output=True, text=True, check=True)
-        doc = json.loads(report.read_text())
-        names = {str(models["noise10"]): "noise10", str(new): "noise10-hard"}
-        result["evaluate"] = {
-            "ranking": [names[n] for n in doc["ranking"]],
-            "candidates": {names[c["name"]]: {
-                "acceptance_by_class": {cls: round(a["acceptance"], 3)
-                                        for cls, a in c["by_k"]["4"]["by_class"].items()},
-                "speedup": {b: cell["speedup"] for b, cell in c["by_k"]["4"]["batch"].items()}}
-                for c in doc["candidates"]}}
+        files = {s: prompts_file(root / f"held-out-{s}.jsonl", samples[s]) for s in "AB"}
+        p2_files = {s: prompts_file(root / f"p2-{s}.jsonl", p2[s]) for s in "AB"}
+        pairs = {"P1 tuned over noise10": (tuned, models["noise10"], files, "hard"),
+                 "P2 noise10 over noise2": (models["noise10"], models["noise2"], p2_files, "own"),
+                 "P3 tuned over tuned-light": (tuned, light, files, "hard")}
 
-        proc, url = serve(models["target"], spec(new), ENGINE, root / "after.log",
-                          {"SPECSCOPE_CLASS_HEADER": CLASS_HEADER})
-        try:
-            send(url, [(p, "easy") for p in easy] + [(p, "hard") for p in held_out])
-            time.sleep(1.0)
-            result["served_after"] = alerts(url)
-        finally:
-            stop(proc)
-    result["minutes"] = round((time.monotonic() - t0) / 60, 1)
-    write("weak_class_loop", {
-        "workload": f"tiny target, 10%-noise draft, K=4, greedy, {TOKENS} tokens a request; hard prompts split in "
-                    "two: one half served (and captured), the other held out for evaluate and the second server",
-        **result})
+        t0 = time.monotonic()
+        step4 = gate(models, tuned, models["noise10"], files["A"], "hard", rounds, window_s, root / "gate-P1-A.json")
+        result["gate"] = step4
+        lap("gate", t0)
+        print(f"[loop] gate: {step4.get('summary') or step4}", flush=True)
+
+        t0 = time.monotonic()
+        candidate = tuned if step4.get("decision") == "promote" else None
+        if candidate is not None:
+            expected = expected_canary(step4)
+            result["canary"] = run_canary(models, candidate, samples["A"]["easy"] + samples["B"]["easy"], held_out,
+                                          expected, f"{stem}_canary", args.smoke)
+            lap("canary", t0)
+
+            t0 = time.monotonic()
+            proc, url = serve(models["target"], spec(candidate), ENGINE, root / "after.log",
+                              {"SPECSCOPE_CLASS_HEADER": CLASS_HEADER})
+            try:
+                send(url, [(p, "easy") for p in serve_easy] + [(p, "hard") for p in held_out])
+                time.sleep(1.0)
+                result["served_after"] = alerts(url)
+            finally:
+                stop(proc)
+            lap("promote", t0)
+        else:
+            result["canary"] = result["served_after"] = f"not run: the gate decided {step4.get('decision')}"
+
+        t0 = time.monotonic()
+        accuracy: dict[str, Any] = {}
+        for name, (cand, inc, f, weak) in pairs.items():
+            short = step4 if name.startswith("P1") else gate(models, cand, inc, f["A"], weak, rounds, window_s,
+                                                              root / f"gate-{name[:2]}-A.json")
+            long = gate(models, cand, inc, f["B"], weak, LONG * rounds, window_s, root / f"gate-{name[:2]}-B.json")
+            accuracy[name] = {"short": short, "long": long,
+                              "match": short.get("decision") is not None
+                              and short.get("decision") == long.get("decision")}
+            print(f"[loop] {name}: short {short.get('decision')}, long {long.get('decision')}", flush=True)
+        result["gate_against_long"] = accuracy
+        lap("gate against long", t0)
+    result["minutes"] = minutes | {"all": round((time.monotonic() - t_start) / 60, 1)}
+    result["goals"] = goals(result)
+    write(stem, {"workload": f"tiny target, noise10 in production, K={K}, greedy, {TOKENS} tokens a request "
+                             f"({n_prompts} prompts drawn, seed 71); gates at batch {GATE['batch']}, {rounds} rounds "
+                             f"of {window_s:g} s windows a class, long {LONG}x the rounds on sample B",
+                 "smoke": args.smoke, **result})
+    doc = json.loads((RESULTS / f"{stem}.json").read_text())
+    (RESULTS / f"{stem}.md").write_text(markdown(doc))
+    print(markdown(doc))
+
+
+def _mean(rate: dict[str, float], ps: list[str]) -> float | None:
+    return round(sum(rate[p] for p in ps) / len(ps), 3) if ps else None
+
+
+def goals(r: dict[str, Any]) -> dict[str, Any]:
+    """Each step's outcome, pass or fail as measured."""
+    before, after = r.get("served_before") or {}, r.get("served_after")
+    c = r.get("canary") if isinstance(r.get("canary"), dict) else {}
+    first = c.get("first_decision") if c else None
+    acc = r.get("gate_against_long") or {}
+    return {
+        "alert_fires_for_the_weak_class": {"pass": "SpecscopeWeakDraftForClass[hard]" in before.get("firing", []),
+                                           "detail": f"firing {before.get('firing')}"},
+        "capture_holds_only_the_weak_class": {"pass": r["captured_rows"]["classes"] == ["hard"],
+                                              "detail": f"{r['captured_rows']}"},
+        "gate_promotes_the_remedy": {"pass": r["gate"].get("decision") == "promote",
+                                     "detail": r["gate"].get("summary") or r["gate"].get("error")},
+        "canary_decides_within_10_minutes": {
+            "pass": bool(first) and first["t_s"] <= canary.DECISION_GOAL_S and first["overall"] == c["expected"],
+            "detail": f"expected {c.get('expected')}; first decision {first and (first['overall'], first['t_s'])}"
+                      if c else str(r.get("canary"))},
+        "promoted_draft_clears_the_alert": {
+            "pass": isinstance(after, dict) and "SpecscopeWeakDraftForClass[hard]" not in after.get("firing", []),
+            "detail": f"firing {after.get('firing') if isinstance(after, dict) else after}"},
+        "gate_matches_the_long_measurement": {
+            "pass": bool(acc) and all(a["match"] for a in acc.values()),
+            "detail": "; ".join(f"{n}: {a['short'].get('decision')} / {a['long'].get('decision')}"
+                                for n, a in acc.items())}}
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    lines = [f"# {doc['benchmark']}: the remedy loop, and the gate against a measurement three times as long", "",
+             f"commit {str(doc.get('commit', ''))[:12]}, dirty {doc.get('dirty')}, {doc.get('date')}", "",
+             doc["workload"], "", "| goal | pass | detail |", "|---|---|---|"]
+    lines += [f"| {g} | {'PASS' if v['pass'] else 'FAIL'} | {v['detail']} |" for g, v in doc["goals"].items()]
+    lines += ["", "| pair | run | rounds | seconds | decision | traffic ratio (interval) | classes: ratio (interval), "
+              "acceptance candidate/incumbent |", "|---|---|---|---|---|---|---|"]
+    for name, a in (doc.get("gate_against_long") or {}).items():
+        for run in ("short", "long"):
+            g = a[run]
+            ratio = g.get("traffic_ratio") or [None] * 3
+            cls = "; ".join(f"{c}: {v['ratio'] and v['ratio'][0]} ({v['ratio'] and v['ratio'][1]}-"
+                            f"{v['ratio'] and v['ratio'][2]}), {v['acceptance'][0]}/{v['acceptance'][1]}"
+                            for c, v in (g.get("classes") or {}).items())
+            lines.append(f"| {name} | {run} | {g.get('rounds')} | {g.get('seconds')} | {g.get('decision')} | "
+                         f"{ratio[0]} ({ratio[1]}-{ratio[2]}) | {cls} |")
+    lines += ["", f"Minutes: {doc.get('minutes')}", ""]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
