@@ -190,7 +190,7 @@ def gate(models: dict[str, Path], candidate: Path, incumbent: Path, prompts: Pat
                                "acceptance": [g[arm]["acceptance"].get(name, {}).get("acceptance")
                                               for arm in ("candidate", "incumbent")]}
                         for name, c in batch["classes"].items()},
-            "summary": done.stdout.strip().splitlines()[0] if done.stdout.strip() else ""}
+            "summary": g["headline"]}
 
 
 def expected_canary(g: dict[str, Any]) -> str:
@@ -291,11 +291,15 @@ def main() -> None:
         print(f"[loop] gate: {step4.get('summary') or step4}", flush=True)
 
         t0 = time.monotonic()
-        candidate = tuned if step4.get("decision") == "promote" else None
+        # the smoke's short gate seldom decides: its canary runs anyway, to try the code paths
+        candidate = tuned if step4.get("decision") == "promote" or args.smoke else None
         if candidate is not None:
             expected = expected_canary(step4)
-            result["canary"] = run_canary(models, candidate, samples["A"]["easy"] + samples["B"]["easy"], held_out,
-                                          expected, f"{stem}_canary", args.smoke)
+            try:
+                result["canary"] = run_canary(models, candidate, samples["A"]["easy"] + samples["B"]["easy"],
+                                              held_out, expected, f"{stem}_canary", args.smoke)
+            except Exception as exc:  # recorded; the loop's other steps still run
+                result["canary"] = {"expected": expected, "error": f"{type(exc).__name__}: {exc}"[:2000]}
             lap("canary", t0)
 
             t0 = time.monotonic()
