@@ -152,10 +152,20 @@ def _expert(d: Any, pair: str, what: str) -> str:
     return f"{sum(decided)} of {len(decided)}"
 
 
-def _before_after(d: Any, cls: str) -> str:
-    """A class's acceptance in evaluate with the old draft, then the fine-tuned one."""
-    return " -> ".join(_two(d, "evaluate", "candidates", c, "acceptance_by_class", cls)
-                       for c in ("noise10", "noise10-hard"))
+def _ratio(e: list[float]) -> str:
+    """A gate's ratio [value, low, high] as "1.45x (1.32-1.59x, an en dash)"."""
+    return f"{times(e[0])} ({times(e[1])[:-1]}{DASH}{times(e[2])})"
+
+
+def _pair(d: Any, i: int) -> dict[str, Any]:
+    """The loop benchmark's i-th pair (1-based) of the gate against the long measurement."""
+    return list(d["gate_against_long"].values())[i - 1]
+
+
+def _gate_acceptance(g: dict[str, Any], cls: str) -> str:
+    """A class's acceptance under the incumbent, then the candidate, in a gate run."""
+    cand, inc = g["classes"][cls]["acceptance"]
+    return f"{inc:.2f} -> {cand:.2f}"
 
 
 FULL, INCREMENTAL = "plain, full", "plain, incremental (?since=, 20 new records)"
@@ -187,16 +197,41 @@ FIGURES: dict[str, tuple[str, Callable[[Any], str]]] = {
     "evaluate.schedule1": ("evaluate.json", lambda d: _evaluate(d, "1", schedule=True)),
     "evaluate.schedule8": ("evaluate.json", lambda d: _evaluate(d, "8", schedule=True)),
     "evaluate.ngram": ("evaluate.json", lambda d: times(num(d["candidates"][1], "score"), 1)),
-    "loop.before_hard": ("weak_class_loop.json", lambda d: _two(d, "served_before", "classes", "hard", "acceptance")),
-    "loop.before_engine": ("weak_class_loop.json", lambda d: _two(d, "served_before", "engine_acceptance")),
-    "loop.rows": ("weak_class_loop.json", lambda d: str(int(num(d, "captured_rows", "rows")))),
-    "loop.eval_hard": ("weak_class_loop.json", lambda d: _before_after(d, "hard")),
-    "loop.eval_easy": ("weak_class_loop.json", lambda d: _before_after(d, "easy")),
-    "loop.after_hard": ("weak_class_loop.json", lambda d: _two(d, "served_after", "classes", "hard", "acceptance")),
-    "loop.after_engine": ("weak_class_loop.json", lambda d: _two(d, "served_after", "engine_acceptance")),
-    "loop.speedup": ("weak_class_loop.json", lambda d: span(
-        [num(d, "evaluate", "candidates", "noise10-hard", "speedup", b) for b in ("1", "8")], times)),
-    "loop.minutes": ("weak_class_loop.json", lambda d: f"{num(d, 'minutes'):.0f}"),
+    "canary.identical_minutes": ("canary_identical_30min.json", lambda d: f"{num(d, 'load', 'seconds') / 60:.0f}"),
+    "canary.identical_refreshes": ("canary_identical_30min.json", lambda d: str(int(num(d, "canary", "documents")))),
+    "canary.identical_decided": ("canary_identical_30min.json", lambda d: str(int(
+        num(d, "canary", "documents_with_a_decision")))),
+    "canary.identical_requests": ("canary_identical_30min.json", lambda d: "{:,.0f}".format(
+        sum(num(r, "answered") for r in d["load"]["replicas"].values()))),
+    "canary.difference_s": ("canary_difference.json", lambda d: f"{num(d, 'canary', 'first_decision', 't_s'):.0f}"),
+    "canary.difference_requests": ("canary_difference.json", lambda d: "/".join(
+        str(int(x)) for x in d["canary"]["first_decision"]["requests"])),
+    "canary.difference_points": ("canary_difference.json", lambda d: "{:.0f}".format(
+        100 * num(d, "acceptance", "per_request_mean", "difference"))),
+    "canary.small_s": ("canary_difference_9points.json", lambda d: f"{num(d, 'canary', 'first_decision', 't_s'):.0f}"),
+    "canary.small_points": ("canary_difference_9points.json", lambda d: "{:.1f}".format(
+        100 * num(d, "acceptance", "per_request_mean", "difference"))),
+    "canary.small_requests": ("canary_difference_9points.json", lambda d: "/".join(
+        str(int(x)) for x in d["canary"]["first_decision"]["requests"])),
+    "remedy.before_hard": ("remedy_loop.json", lambda d: _two(d, "served_before", "classes", "hard", "acceptance")),
+    "remedy.before_engine": ("remedy_loop.json", lambda d: _two(d, "served_before", "engine_acceptance")),
+    "remedy.rows": ("remedy_loop.json", lambda d: str(int(num(d, "captured_rows", "rows")))),
+    "remedy.gate": ("remedy_loop.json", lambda d: f"{d['gate']['decision']} (exit {int(num(d, 'gate', 'exit_code'))})"),
+    "remedy.gate_ratio": ("remedy_loop.json", lambda d: _ratio(d["gate"]["traffic_ratio"])),
+    "remedy.gate_hard": ("remedy_loop.json", lambda d: _gate_acceptance(d["gate"], "hard")),
+    "remedy.gate_easy": ("remedy_loop.json", lambda d: _gate_acceptance(d["gate"], "easy")),
+    "remedy.gate_minutes": ("remedy_loop.json", lambda d: f"{num(d, 'minutes', 'gate'):.0f}"),
+    "remedy.canary": ("remedy_loop.json", lambda d: f"{d['canary']['first_decision']['overall']} after "
+                      f"{num(d, 'canary', 'first_decision', 't_s'):.0f} s"),
+    "remedy.after_hard": ("remedy_loop.json", lambda d: _two(d, "served_after", "classes", "hard", "acceptance")),
+    "remedy.after_engine": ("remedy_loop.json", lambda d: _two(d, "served_after", "engine_acceptance")),
+    "remedy.minutes": ("remedy_loop.json", lambda d: f"{num(d, 'minutes', 'all'):.0f}"),
+    "remedy.matches": ("remedy_loop.json", lambda d: f"{sum(a['match'] for a in d['gate_against_long'].values())} of "
+                       f"{len(d['gate_against_long'])}"),
+    **{f"remedy.p{i}.{run}": ("remedy_loop.json", lambda d, i=i, run=run: _pair(d, i)[run]["decision"])
+       for i in (1, 2, 3) for run in ("short", "long")},
+    **{f"remedy.p{i}.{run}_ratio": ("remedy_loop.json", lambda d, i=i, run=run: _ratio(
+        _pair(d, i)[run]["traffic_ratio"])) for i in (1, 2, 3) for run in ("short", "long")},
     "gauge.ratio_sd": ("forward_gauge.json", lambda d: _forward_gauge(
         d, ("plain_step_over_forward_rel_sd", "spec_step_over_forward_rel_sd"), 1)),
     "gauge.step_sd": ("forward_gauge.json", lambda d: _forward_gauge(d, ("plain_step_rel_sd",), 0)),
