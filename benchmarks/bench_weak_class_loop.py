@@ -33,7 +33,7 @@ run's decision is the reference. The pairs, fixed before any was measured:
   where noise2 did better; noise10 wins its own class and loses the traffic (the weak class is ``own``);
 - P3 ``tuned`` over ``tuned-light`` on easy + hard: a close pair, direction not known in advance.
 
-Run: python benchmarks/bench_weak_class_loop.py [--smoke]    (about 45 minutes; --smoke: the code paths, ~10)
+Run: python benchmarks/bench_weak_class_loop.py [--smoke]    (about 25 minutes; --smoke: the code paths, ~12)
 Two cores: nothing else should run.
 Results: benchmarks/results/remedy_loop.json (.md; the canary's as remedy_loop_canary.*); --smoke: smoke_remedy_loop.
 """
