@@ -739,5 +739,6 @@ def run(pair: Pair, classes: list[TrafficClass], args: argparse.Namespace, name:
     (RESULTS / f"{name}.md").write_text(markdown(doc))
     return doc
 
+
 if __name__ == "__main__":
     main()

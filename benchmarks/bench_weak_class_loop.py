@@ -85,24 +85,16 @@ CANARY_TOKENS = (40, 56)
 def acceptance(models: dict[str, Path], draft: str, prompts: list[str]) -> dict[str, float]:
     """Each prompt's acceptance (accepted / drafted draft tokens) under ``draft`` at K, from one greedy pass (vLLM's
     own per-request counts)."""
-    from vllm import SamplingParams
-
     import specscope
-    from specscope.engine import vllm_stats
     from specscope.engine.measure import stop_engine
 
     llm = specscope.LLM(str(models["target"]), specscope_hub=specscope.Hub(), **ENGINE_KW,
                         speculative_config=spec(models[draft]))
     try:
-        outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True),
-                               use_tqdm=False)
+        counts = tiny_models.acceptance_counts(llm, prompts, TOKENS)
     finally:
         stop_engine(llm)
-    rate = {}
-    for prompt, out in zip(prompts, outputs, strict=True):
-        steps = vllm_stats.per_step_counts(out.outputs[0].spec_decode_metrics)
-        rate[prompt] = sum(steps[0]) / max(1, sum(steps[1])) if steps else 0.0
-    return rate
+    return {p: accepted / drafted for p, (accepted, drafted) in zip(prompts, counts, strict=True)}
 
 
 def spec(draft: Path) -> dict[str, Any]:

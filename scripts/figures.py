@@ -204,16 +204,14 @@ FIGURES: dict[str, tuple[str, Callable[[Any], str]]] = {
         num(d, "canary", "documents_with_a_decision")))),
     "canary.identical_requests": ("canary_identical_30min.json", lambda d: "{:,.0f}".format(
         sum(num(r, "answered") for r in d["load"]["replicas"].values()))),
-    "canary.difference_s": ("canary_difference.json", lambda d: f"{num(d, 'canary', 'first_decision', 't_s'):.0f}"),
-    "canary.difference_requests": ("canary_difference.json", lambda d: "/".join(
-        str(int(x)) for x in d["canary"]["first_decision"]["requests"])),
-    "canary.difference_points": ("canary_difference.json", lambda d: "{:.0f}".format(
-        100 * num(d, "acceptance", "per_request_mean", "difference"))),
-    "canary.small_s": ("canary_difference_9points.json", lambda d: f"{num(d, 'canary', 'first_decision', 't_s'):.0f}"),
-    "canary.small_points": ("canary_difference_9points.json", lambda d: "{:.1f}".format(
-        100 * num(d, "acceptance", "per_request_mean", "difference"))),
-    "canary.small_requests": ("canary_difference_9points.json", lambda d: "/".join(
-        str(int(x)) for x in d["canary"]["first_decision"]["requests"])),
+    **{f"canary.{run}_{what}": (file, make) for run, (file, digits) in {
+        "difference": ("canary_difference.json", 0), "small": ("canary_difference_9points.json", 1)}.items()
+       for what, make in {
+           "s": lambda d: f"{num(d, 'canary', 'first_decision', 't_s'):.0f}",
+           "requests": lambda d: "/".join(str(int(x)) for x in d["canary"]["first_decision"]["requests"]),
+           "points": lambda d, digits=digits: "{:.{}f}".format(
+               100 * num(d, "acceptance", "per_request_mean", "difference"), digits),
+       }.items()},
     "remedy.before_hard": ("remedy_loop.json", lambda d: _two(d, "served_before", "classes", "hard", "acceptance")),
     "remedy.before_engine": ("remedy_loop.json", lambda d: _two(d, "served_before", "engine_acceptance")),
     "remedy.rows": ("remedy_loop.json", lambda d: str(int(num(d, "captured_rows", "rows")))),

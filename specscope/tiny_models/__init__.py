@@ -17,7 +17,7 @@ tokenizers (the ``cpu`` or ``vllm`` extra).
 
 from __future__ import annotations
 
-from specscope.tiny_models.classes import split_by_acceptance
+from specscope.tiny_models.classes import acceptance_counts, split_by_acceptance
 from specscope.tiny_models.family import DEEP, DRAFTS, EAGLE, EAGLE3, MODELS, MTP, VERSION, build, cache_root
 from specscope.tiny_models.language import prompts
 from specscope.tiny_models.tokenizer import SMALL_VOCAB_SIZE, VOCAB_SIZE
@@ -32,6 +32,7 @@ __all__ = [
     "SMALL_VOCAB_SIZE",
     "VERSION",
     "VOCAB_SIZE",
+    "acceptance_counts",
     "build",
     "cache_root",
     "prompts",
