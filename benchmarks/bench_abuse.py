@@ -308,6 +308,34 @@ class Traffic:
         return i, time.monotonic() - start
 
 
+def rss_kinds(pid: int) -> dict[str, float]:
+    """The kernel's split of a process's resident memory (/proc/PID/status): anonymous (heap, tensors: what the
+    process holds), file-backed (library code and data paged in as it is first used, shared and reclaimable) and
+    shared memory."""
+    out = {}
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("RssAnon", "RssFile", "RssShmem"):
+                out[f"{key[3:].lower()}_mb"] = round(int(value.split()[0]) * 1024 / 1e6, 1)
+    return out
+
+
+def resident_by_mapping(pid: int, top: int = 30) -> dict[str, float]:
+    """A process's resident MB by what is mapped (/proc/PID/smaps: a file's path, or [heap], [anon] and the like),
+    the ``top`` largest."""
+    by: dict[str, float] = {}
+    name = "[anon]"
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+            head = line.split()
+            if head and re.fullmatch(r"[0-9a-f]+-[0-9a-f]+", head[0]):
+                name = head[5] if len(head) > 5 else "[anon]"
+            elif head and head[0] == "Rss:":
+                by[name] = by.get(name, 0.0) + int(head[1]) * 1024 / 1e6
+    return {k: round(v, 1) for k, v in sorted(by.items(), key=lambda kv: -kv[1])[:top]}
+
+
 def role(p: psutil.Process) -> str:
     """What a process of the server's tree is, from its title (vLLM sets ``VLLM::APIServer_0`` and the like)."""
     try:
@@ -517,8 +545,12 @@ class Run:
         out = {}
         for pid, p in self.tree().items():
             with contextlib.suppress(psutil.Error):
-                out[str(pid)] = {"role": role(p), "mb": round(p.memory_info().rss / 1e6, 1)}
+                out[str(pid)] = {"role": role(p), "mb": round(p.memory_info().rss / 1e6, 1), **rss_kinds(pid)}
         return out
+
+    def worker_mappings(self) -> dict[str, dict[str, float]]:
+        """The model-running processes' resident memory by mapping (where a growth lives)."""
+        return {str(pid): resident_by_mapping(pid) for pid, p in self.tree().items() if role(p) == "worker"}
 
     def share_status(self) -> dict[int, dict[str, Any]]:
         """Each API-server process's last published snapshot's capture status and clock (from the share directory)."""
@@ -715,12 +747,12 @@ class Run:
         if self.bare:
             await asyncio.sleep(5.0)
             self.event(f"measured {label}")
-            return {"t": self.elapsed(), "rss": self.rss()}
+            return {"t": self.elapsed(), "rss": self.rss(), "worker_mappings": self.worker_mappings()}
         counters, snaps, match = await self.settle()
         disk = counts_on_disk(self.capture_dir)
         per_process = self.per_process(self.share_status(), disk["by_pid"])
         snap = snaps[-1] if snaps else {}
-        out = {"t": self.elapsed(), "rss": self.rss(), "counters": counters,
+        out = {"t": self.elapsed(), "rss": self.rss(), "worker_mappings": self.worker_mappings(), "counters": counters,
                "lifetime": [spec_life(s) for s in snaps], "lifetime_equal": match,
                "attributed": snap.get("attributed"), "unattributed_draft_tokens": snap.get("unattributed_draft_tokens"),
                "capture": snap.get("capture"), "capture_per_process": per_process,
@@ -784,6 +816,8 @@ def judge(args: argparse.Namespace, run: Run, result: dict[str, Any]) -> dict[st
         peak = max((smp["rss"][pid]["mb"] for smp in run.samples if pid in smp["rss"]), default=s["mb"])
         rows.append({"pid": int(pid), "role": s["role"], "start_mb": s["mb"], "end_mb": e["mb"] if e else None,
                      "change_mb": round(e["mb"] - s["mb"], 1) if e else None, "peak_mb": peak,
+                     **{f"{k[:-3]}_change_mb": round(e[k] - s[k], 1) for k in ("anon_mb", "file_mb", "shmem_mb")
+                        if e and k in s and k in e},
                      "pass": e is not None and abs(e["mb"] - s["mb"]) <= MEMORY_GOAL_MB})
     result["memory"] = rows
     goals["memory_flat"] = {"pass": bool(rows) and all(r["pass"] for r in rows),
@@ -831,10 +865,18 @@ def markdown(result: dict[str, Any]) -> str:
              "| goal | pass | detail |", "|---|---|---|"]
     for name, g in result["goals"].items():
         lines.append(f"| {name} | {'PASS' if g['pass'] else 'FAIL'} | {g['detail']} |")
-    lines += ["", "| process | pid | start MB | end MB | change MB | peak MB |", "|---|---|---|---|---|---|"]
+    lines += ["", "| process | pid | start MB | end MB | change MB | of it anonymous / file / shmem | peak MB |",
+              "|---|---|---|---|---|---|---|"]
     for r in result.get("memory") or ():
-        lines.append(f"| {r['role']} | {r['pid']} | {r['start_mb']} | {r['end_mb']} | {r['change_mb']} | "
+        kinds = " / ".join(str(r.get(f"{k}_change_mb", "-")) for k in ("anon", "file", "shmem"))
+        lines.append(f"| {r['role']} | {r['pid']} | {r['start_mb']} | {r['end_mb']} | {r['change_mb']} | {kinds} | "
                      f"{r['peak_mb']} |")
+    start, end = (result.get(k) or {} for k in ("start", "end"))
+    for pid, before in (start.get("worker_mappings") or {}).items():
+        after = (end.get("worker_mappings") or {}).get(pid) or {}
+        grew = sorted(((after.get(m, 0.0) - before.get(m, 0.0), m) for m in set(before) | set(after)), reverse=True)
+        lines += ["", f"Worker {pid}, resident MB by mapping that grew most (start -> end): " + "; ".join(
+            f"{m} {before.get(m, 0.0)} -> {after.get(m, 0.0)}" for d, m in grew[:6] if d > 0)]
     lines += ["", "Faults:", ""]
     lines += [f"- {e['t']} s: {e['event']} {json.dumps({k: v for k, v in e.items() if k not in ('t', 'event')})}"
               for e in result["events"]]

@@ -33,9 +33,25 @@ run's decision is the reference. The pairs, fixed before any was measured:
   where noise2 did better; noise10 wins its own class and loses the traffic (the weak class is ``own``);
 - P3 ``tuned`` over ``tuned-light`` on easy + hard: a close pair, direction not known in advance.
 
-Run: python benchmarks/bench_weak_class_loop.py [--smoke]    (about 25 minutes; --smoke: the code paths, ~12)
+That run (remedy_loop.json, 6d70986) matched on P1 and P2 and missed on P3 (hold against promote), with gates of 3
+rounds: fewer than the gate's default of 6, where a t-interval's half-width is 4.3 standard errors against 2.6.
+
+**The gate at its default rounds against a longer measurement** (``--against-long``, issue 50 goal 1 again, on pairs
+not measured before; fixed here, 2026-12-06, before any was run): steps 1-3 as above (fine-tuning also ``tuned-6``,
+6 epochs), then each pair gated with the CLI's default rounds (6; windows of 3 s a class instead of 10 s, to fit a
+session) on sample A, and with three times the rounds (18) on sample B. No P1-P3 pair is run again.
+
+- G1 ``noise2`` over ``noise10`` on easy + hard (a good draft over a weak one; expected promote);
+- G2 ``tuned`` over ``noise2`` on two classes cut as P2's were, by the two drafts' own passes over the prompts never
+  served for capture: ``own``, where tuned's acceptance beat noise2's by 0.05 or more, and ``rest``, where noise2
+  did better; the candidate wins the weak class (``own``) and loses the traffic;
+- G3 ``tuned-6`` over ``tuned`` (12 epochs) on easy + hard: a close pair, direction not known in advance.
+
+Run: python benchmarks/bench_weak_class_loop.py [--smoke] [--against-long]    (about 25 minutes; --smoke: the code
+paths, ~12; --against-long: ~40)
 Two cores: nothing else should run.
-Results: benchmarks/results/remedy_loop.json (.md; the canary's as remedy_loop_canary.*); --smoke: smoke_remedy_loop.
+Results: benchmarks/results/remedy_loop.json (.md; the canary's as remedy_loop_canary.*); --smoke: smoke_remedy_loop;
+--against-long: gate_against_long.json.
 """
 
 from __future__ import annotations
@@ -60,6 +76,7 @@ from benchmarks import bench_canary as canary
 from benchmarks._common import RESULTS, serve, write
 from specscope import tiny_models
 from specscope.core import codec
+from specscope.read.evaluate.cli import GATE_DEFAULTS
 from tests.e2e.test_server import stop
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,6 +92,8 @@ ENGINE = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "512"]
 #: ``LONG`` times the rounds.
 GATE = {"k": K, "batch": 4, "rounds": 3, "window_s": 3.0}
 LONG = 3
+#: ``--against-long``: the CLI's default rounds (``specscope.read.evaluate.cli.GATE_DEFAULTS``), shorter windows.
+DEFAULT_ROUNDS_GATE = {"rounds": int(GATE_DEFAULTS["rounds"]), "window_s": 3.0}
 #: P2's ``own`` class: prompts where noise10 accepted this much more than noise2, at most this share of the file.
 OWN_MARGIN, OWN_SHARE = 0.05, 0.25
 #: The canary's traffic: class, share, output tokens.
@@ -211,10 +230,14 @@ def run_canary(models: dict[str, Path], candidate: Path, easy: list[str], hard: 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="the code paths in ~10 minutes: numbers not to keep")
+    ap.add_argument("--against-long", action="store_true",
+                    help="the gate at its default rounds against 3x the rounds, on pairs G1-G3 (no canary)")
     ap.add_argument("--results", default=None)
     args = ap.parse_args()
-    stem = args.results or ("smoke_remedy_loop" if args.smoke else "remedy_loop")
-    n_prompts, rounds, window_s = (300, 2, 1.5) if args.smoke else (1200, GATE["rounds"], GATE["window_s"])
+    stem = args.results or ("smoke_" if args.smoke else "") + ("gate_against_long" if args.against_long
+                                                               else "remedy_loop")
+    gating = DEFAULT_ROUNDS_GATE if args.against_long else GATE
+    n_prompts, rounds, window_s = (300, 2, 1.5) if args.smoke else (1200, gating["rounds"], gating["window_s"])
     models = tiny_models.build()
     t_start = time.monotonic()
     minutes: dict[str, float] = {}
@@ -231,11 +254,8 @@ def main() -> None:
     easy, hard = order[-len(order) // 4:], order[:len(order) * 2 // 5]
     served, held_out = hard[1::2], hard[::2]
     samples = {s: {"easy": easy[i::2], "hard": held_out[i::2]} for i, s in enumerate("AB")}
-    # P2's classes, cut by the two drafts' own passes
-    diff = sorted(prompts, key=lambda p: a2[p] - a10[p])
-    own = [p for p in diff if a10[p] - a2[p] >= OWN_MARGIN][:int(len(prompts) * OWN_SHARE)]
-    rest = [p for p in prompts if a2[p] > a10[p]][:3 * len(own)]  # in drawing order, not the most lopsided
-    p2 = {s: {"own": own[i::2], "rest": rest[i::2]} for i, s in enumerate("AB")}
+    p2 = own_and_rest(a10, a2, prompts)  # P2's classes, cut by the two drafts' own passes
+    own, rest = p2["A"]["own"] + p2["B"]["own"], p2["A"]["rest"] + p2["B"]["rest"]
     result: dict[str, Any] = {"prompts": {
         "drawn": n_prompts, "easy": len(easy), "hard_served": len(served), "hard_held_out": len(held_out),
         "sample_sizes": {s: {c: len(v) for c, v in d.items()} for s, d in samples.items()},
@@ -268,9 +288,27 @@ def main() -> None:
         tuned, light = root / "tuned", root / "tuned-light"
         result["finetune"] = {"tuned": finetune(models, captured, tuned, 1 if args.smoke else None),
                               "tuned-light": finetune(models, captured, light, 1 if args.smoke else 2)}
+        if args.against_long:
+            tuned6 = root / "tuned-6"
+            result["finetune"]["tuned-6"] = finetune(models, captured, tuned6, 1 if args.smoke else 6)
         lap("fine-tune", t0)
 
         files = {s: prompts_file(root / f"held-out-{s}.jsonl", samples[s]) for s in "AB"}
+        if args.against_long:
+            t0 = time.monotonic()
+            unserved = [p for p in prompts if p not in set(served)]
+            g2 = own_and_rest(acceptance(models | {"tuned": tuned}, "tuned", unserved), a2, unserved)
+            result["prompts"]["g2_sample_sizes"] = {s: {c: len(v) for c, v in d.items()} for s, d in g2.items()}
+            g2_files = {s: prompts_file(root / f"g2-{s}.jsonl", g2[s]) for s in "AB"}
+            lap("G2 classes", t0)
+            t0 = time.monotonic()
+            result["gate_against_long"] = against_long(models, {
+                "G1 noise2 over noise10": (models["noise2"], models["noise10"], files, "hard"),
+                "G2 tuned over noise2": (tuned, models["noise2"], g2_files, "own"),
+                "G3 tuned-6 over tuned": (tuned6, tuned, files, "hard")}, rounds, window_s, root)
+            lap("gate against long", t0)
+            finish(stem, args, result, t_start, minutes, n_prompts, rounds, window_s)
+            return
         p2_files = {s: prompts_file(root / f"p2-{s}.jsonl", p2[s]) for s in "AB"}
         pairs = {"P1 tuned over noise10": (tuned, models["noise10"], files, "hard"),
                  "P2 noise10 over noise2": (models["noise10"], models["noise2"], p2_files, "own"),
@@ -308,17 +346,40 @@ def main() -> None:
             result["canary"] = result["served_after"] = f"not run: the gate decided {step4.get('decision')}"
 
         t0 = time.monotonic()
-        accuracy: dict[str, Any] = {}
-        for name, (cand, inc, f, weak) in pairs.items():
-            short = step4 if name.startswith("P1") else gate(models, cand, inc, f["A"], weak, rounds, window_s,
-                                                              root / f"gate-{name[:2]}-A.json")
-            long = gate(models, cand, inc, f["B"], weak, LONG * rounds, window_s, root / f"gate-{name[:2]}-B.json")
-            accuracy[name] = {"short": short, "long": long,
-                              "match": short.get("decision") is not None
-                              and short.get("decision") == long.get("decision")}
-            print(f"[loop] {name}: short {short.get('decision')}, long {long.get('decision')}", flush=True)
-        result["gate_against_long"] = accuracy
+        result["gate_against_long"] = against_long(models, pairs, rounds, window_s, root, {"P1": step4})
         lap("gate against long", t0)
+    finish(stem, args, result, t_start, minutes, n_prompts, rounds, window_s)
+
+
+def own_and_rest(a_cand: dict[str, float], a_inc: dict[str, float],
+                 prompts: list[str]) -> dict[str, dict[str, list[str]]]:
+    """Samples A and B of two classes cut by a candidate's and an incumbent's own passes: ``own``, where the
+    candidate beat the incumbent by ``OWN_MARGIN`` or more (the most lopsided first, at most ``OWN_SHARE`` of the
+    file), and ``rest``, where the incumbent did better (three times as many, in drawing order)."""
+    diff = sorted(prompts, key=lambda p: a_inc[p] - a_cand[p])
+    own = [p for p in diff if a_cand[p] - a_inc[p] >= OWN_MARGIN][:int(len(prompts) * OWN_SHARE)]
+    rest = [p for p in prompts if a_inc[p] > a_cand[p]][:3 * len(own)]
+    return {s: {"own": own[i::2], "rest": rest[i::2]} for i, s in enumerate("AB")}
+
+
+def against_long(models: dict[str, Path], pairs: dict[str, tuple[Path, Path, dict[str, Path], str]], rounds: int,
+                 window_s: float, root: Path, short_done: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Each pair gated on sample A with ``rounds`` (or its short gate as already run, by the name's first two
+    characters) and on sample B with ``LONG`` times the rounds; the long run's decision is the reference."""
+    accuracy: dict[str, Any] = {}
+    for name, (cand, inc, f, weak) in pairs.items():
+        short = (short_done or {}).get(name[:2]) or gate(models, cand, inc, f["A"], weak, rounds, window_s,
+                                                          root / f"gate-{name[:2]}-A.json")
+        long = gate(models, cand, inc, f["B"], weak, LONG * rounds, window_s, root / f"gate-{name[:2]}-B.json")
+        accuracy[name] = {"short": short, "long": long,
+                          "match": short.get("decision") is not None and short.get("decision") == long.get("decision")}
+        print(f"[loop] {name}: short {short.get('decision')}, long {long.get('decision')}", flush=True)
+    return accuracy
+
+
+def finish(stem: str, args: argparse.Namespace, result: dict[str, Any], t_start: float, minutes: dict[str, float],
+           n_prompts: int, rounds: int, window_s: float) -> None:
+    """The goals, the results file and its markdown."""
     result["minutes"] = minutes | {"all": round((time.monotonic() - t_start) / 60, 1)}
     result["goals"] = goals(result)
     write(stem, {"workload": f"tiny target, noise10 in production, K={K}, greedy, {TOKENS} tokens a request "
@@ -335,18 +396,18 @@ def _mean(rate: dict[str, float], ps: list[str]) -> float | None:
 
 
 def goals(r: dict[str, Any]) -> dict[str, Any]:
-    """Each step's outcome, pass or fail as measured."""
+    """Each step's outcome, pass or fail as measured (``--against-long``: the steps it runs)."""
     before, after = r.get("served_before") or {}, r.get("served_after")
     c = r.get("canary") if isinstance(r.get("canary"), dict) else {}
     first = c.get("first_decision") if c else None
-    acc = r.get("gate_against_long") or {}
-    return {
+    acc, step4 = r.get("gate_against_long") or {}, r.get("gate") or {}
+    out = {
         "alert_fires_for_the_weak_class": {"pass": "SpecscopeWeakDraftForClass[hard]" in before.get("firing", []),
                                            "detail": f"firing {before.get('firing')}"},
         "capture_holds_only_the_weak_class": {"pass": r["captured_rows"]["classes"] == ["hard"],
                                               "detail": f"{r['captured_rows']}"},
-        "gate_promotes_the_remedy": {"pass": r["gate"].get("decision") == "promote",
-                                     "detail": r["gate"].get("summary") or r["gate"].get("error")},
+        "gate_promotes_the_remedy": {"pass": step4.get("decision") == "promote",
+                                     "detail": step4.get("summary") or step4.get("error")},
         "canary_decides_within_10_minutes": {
             "pass": bool(first) and first["t_s"] <= canary.DECISION_GOAL_S and first["overall"] == c["expected"],
             "detail": f"expected {c.get('expected')}; first decision {first and (first['overall'], first['t_s'])}"
@@ -358,6 +419,8 @@ def goals(r: dict[str, Any]) -> dict[str, Any]:
             "pass": bool(acc) and all(a["match"] for a in acc.values()),
             "detail": "; ".join(f"{n}: {a['short'].get('decision')} / {a['long'].get('decision')}"
                                 for n, a in acc.items())}}
+    loop_only = ("gate_promotes_the_remedy", "canary_decides_within_10_minutes", "promoted_draft_clears_the_alert")
+    return out if "gate" in r else {k: v for k, v in out.items() if k not in loop_only}
 
 
 def markdown(doc: dict[str, Any]) -> str:
