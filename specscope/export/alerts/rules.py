@@ -186,15 +186,24 @@ def _tokenizer_rule(verdict: str, name: str, severity: str, *, summary: str, des
     )
 
 
+def _server_weak(s: Snapshot, t: Thresholds) -> bool:
+    """The server's steps in the window drafted enough and accept below the weak-draft threshold: what
+    SpecscopeWeakDraft (or, at its worst, SpecscopeAcceptanceCollapse) fires on."""
+    w = s.window.spec
+    return _drafting(s, t) and w is not None and w.acceptance_rate is not None \
+        and w.acceptance_rate < t.weak_draft_acceptance
+
+
 def _weak_class(s: Snapshot, t: Thresholds) -> bool:
     """The snapshot's first class drafted enough in the window and accepts below the weak-draft threshold, while
-    all classes together do not (the aggregate hides it; where it does not, SpecscopeWeakDraft says it)."""
+    the server as a whole does not (the aggregate hides it). Judged on the server's steps, as SpecscopeWeakDraft
+    judges it, not on the classes' sum (their requests' records, which differ from the steps at the window's
+    edges): at an aggregate near the threshold the two could disagree, and neither alert fire."""
     w = s.classes[0].window if s.classes else None
     if (w is None or w.draft_tokens < t.weak_draft_min_draft_tokens or w.acceptance_rate is None
             or w.acceptance_rate >= t.weak_draft_acceptance):
         return False
-    drafted = sum(c.window.draft_tokens for c in s.classes)
-    return sum(c.window.accepted for c in s.classes) >= t.weak_draft_acceptance * drafted
+    return not _server_weak(s, t)
 
 
 def class_context(s: Snapshot) -> tuple[float | None, float | None]:
@@ -209,11 +218,16 @@ def class_context(s: Snapshot) -> tuple[float | None, float | None]:
 
 
 def _weak_class_promql(t: Thresholds) -> str:
-    accepted, drafted = class_series("accepted_tokens", t.window_s), class_series("draft_tokens", t.window_s)
+    """A class weak while its server's engines together are not (their steps' counters, as
+    SpecscopeWeakDraft reads them, summed over the server's engines)."""
+    def server(what: str) -> str:
+        return f"sum without(engine) ({_rec(SPECSCOPE, what, t)})"
+
+    drafted = class_series("draft_tokens", t.window_s)
     return (f"{class_series('acceptance_rate', t.window_s)} < {t.weak_draft_acceptance} and "
-            f"{drafted} * {t.window_s:g} >= {t.weak_draft_min_draft_tokens} and ignoring(traffic_class) "
-            f"(sum without(traffic_class) ({accepted}) / sum without(traffic_class) ({drafted}) "
-            f">= {t.weak_draft_acceptance})")
+            f"{drafted} * {t.window_s:g} >= {t.weak_draft_min_draft_tokens} unless ignoring(traffic_class) "
+            f"({server('accepted_tokens')} / {server('draft_tokens')} < {t.weak_draft_acceptance} and "
+            f"{server('draft_tokens')} * {t.window_s:g} >= {t.weak_draft_min_draft_tokens})")
 
 
 def _not_paying(s: Snapshot, t: Thresholds) -> bool:
