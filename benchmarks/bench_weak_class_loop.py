@@ -48,7 +48,7 @@ session) on sample A, and with three times the rounds (18) on sample B. No P1-P3
 - G3 ``tuned-6`` over ``tuned`` (12 epochs) on easy + hard: a close pair, direction not known in advance.
 
 Run: python benchmarks/bench_weak_class_loop.py [--smoke] [--against-long]    (about 25 minutes; --smoke: the code
-paths, ~12; --against-long: ~40)
+paths, ~12; --against-long: ~50, as run)
 Two cores: nothing else should run.
 Results: benchmarks/results/remedy_loop.json (.md; the canary's as remedy_loop_canary.*); --smoke: smoke_remedy_loop;
 --against-long: gate_against_long.json.

@@ -231,6 +231,15 @@ FIGURES: dict[str, tuple[str, Callable[[Any], str]]] = {
        for i in (1, 2, 3) for run in ("short", "long")},
     **{f"remedy.p{i}.{run}_ratio": ("remedy_loop.json", lambda d, i=i, run=run: _ratio(
         _pair(d, i)[run]["traffic_ratio"])) for i in (1, 2, 3) for run in ("short", "long")},
+    "gal.matches": ("gate_against_long.json", lambda d: f"{sum(a['match'] for a in d['gate_against_long'].values())} "
+                    f"of {len(d['gate_against_long'])}"),
+    **{f"gal.g{i}.{run}": ("gate_against_long.json", lambda d, i=i, run=run: _pair(d, i)[run]["decision"])
+       for i in (1, 2, 3) for run in ("short", "long")},
+    **{f"gal.g{i}.{run}_ratio": ("gate_against_long.json", lambda d, i=i, run=run: _ratio(
+        _pair(d, i)[run]["traffic_ratio"])) for i in (1, 2, 3) for run in ("short", "long")},
+    "gal.g2.own": ("gate_against_long.json", lambda d: " and ".join(
+        str(int(num(d, "prompts", "g2_sample_sizes", s, "own"))) for s in "AB")),
+    "gal.minutes": ("gate_against_long.json", lambda d: f"{num(d, 'minutes', 'gate against long'):.0f}"),
     "gauge.ratio_sd": ("forward_gauge.json", lambda d: _forward_gauge(
         d, ("plain_step_over_forward_rel_sd", "spec_step_over_forward_rel_sd"), 1)),
     "gauge.step_sd": ("forward_gauge.json", lambda d: _forward_gauge(d, ("plain_step_rel_sd",), 0)),
