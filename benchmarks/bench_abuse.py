@@ -49,12 +49,19 @@ specscope traceback in vLLM's log.
 setting) under the same warm-up and load, no faults, the resident memory of its processes alone
 (``abuse_without_specscope``): how much of a process's growth is vLLM's own.
 
+**Where a growth lives**: each process's resident memory is also read split into anonymous, file-backed and shared
+memory (/proc/PID/status), and the model worker's by mapping at the start and the end (/proc/PID/smaps: ``[heap]``
+is glibc's main heap). ``--malloc-mmap-threshold BYTES`` fixes glibc's mmap threshold for the server's processes
+(``MALLOC_MMAP_THRESHOLD_``; by default it rises up to 32 MiB as blocks are freed, after which freed tensors up to
+that size stay in the heap): a growth that disappears with it was freed memory the allocator kept, not memory held.
+
 **Untimed** (``--untimed``): all of specscope but the forward timer (``SPECSCOPE_FORWARD_DIR`` named where it cannot
 be made, so the worker keeps no sums and starts no publishing thread), with the same load and faults
 (``abuse_untimed``): how much of the worker's memory is the timer's.
 
 Run: python benchmarks/bench_abuse.py [--minutes 5] [--requests 3000] [--concurrency 24] [--kill-at end|FRACTION]
      python benchmarks/bench_abuse.py --without-specscope   (the baseline of the memory goal)
+     python benchmarks/bench_abuse.py --malloc-mmap-threshold 131072   (freed blocks of 128 KiB or more unmapped)
      python benchmarks/bench_abuse.py --smoke   (about a minute and 300 requests: the code paths, numbers not to keep)
 Needs root for the tmpfs (else the disk-full fault is skipped, recorded so). Two cores: nothing else should run.
 Results: benchmarks/results/abuse.json and abuse.md (``--smoke``: smoke_abuse.*; ``--results NAME`` otherwise).
@@ -484,6 +491,8 @@ class Run:
             str(self.clock_file), "SPECSCOPE_CLASS_HEADER": CLASS_HEADER, "SPECSCOPE_CAPTURE_DIR":
             str(self.capture_dir), "SPECSCOPE_CAPTURE_CLASSES": CAPTURE_CLASSES,
             "SPECSCOPE_CAPTURE_MAX_BYTES": CAPTURE_MAX_BYTES}
+        if self.args.malloc_mmap_threshold:
+            env["MALLOC_MMAP_THRESHOLD_"] = str(self.args.malloc_mmap_threshold)
         if self.bare:
             env = {k: v for k, v in env.items() if not k.startswith("SPECSCOPE_")} | {"VLLM_PLUGINS": ""}
         elif self.args.untimed:  # a forward-time directory that cannot be made: the worker times nothing
@@ -961,6 +970,10 @@ def main() -> None:
     ap.add_argument("--untimed", action="store_true",
                     help="all of specscope but the forward timer (its sums and publishing thread in the worker): "
                          "what of the worker's memory is the timer's (abuse_untimed)")
+    ap.add_argument("--malloc-mmap-threshold", type=int, metavar="BYTES",
+                    help="glibc's mmap threshold, fixed, for the server's processes (MALLOC_MMAP_THRESHOLD_): blocks "
+                         "this big or bigger are unmapped when freed instead of kept in the heap; tells memory still "
+                         "held from freed memory the allocator keeps")
     ap.add_argument("--results", default=None)
     args = ap.parse_args()
     if args.smoke:
@@ -974,6 +987,7 @@ def main() -> None:
     result: dict[str, Any] = {"config": {
         "minutes": args.minutes, "requests": args.requests, "concurrency": args.concurrency, "kill_at": args.kill_at,
         "smoke": args.smoke, "without_specscope": args.without_specscope, "untimed": args.untimed,
+        "malloc_mmap_threshold": args.malloc_mmap_threshold,
         "model": "tiny target + noise2 draft, K=4, --api-server-count 2, --max-num-seqs 32",
         "capture": {"classes": CAPTURE_CLASSES, "disk_bytes": DISK_BYTES, "max_bytes": CAPTURE_MAX_BYTES},
         "tenants": TENANTS, "invented_per_minute": INVENTED_PER_MINUTE,
