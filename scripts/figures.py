@@ -169,6 +169,26 @@ def _gate_acceptance(g: dict[str, Any], cls: str) -> str:
     return f"{inc:.2f} -> {cand:.2f}"
 
 
+def _growth(d: Any, role: str, what: str = "change_mb") -> str:
+    """The largest change of resident memory among a results file's processes of ``role`` (a prefix), in MB."""
+    rows = [r[what] for r in d["memory"] if r["role"].startswith(role) and r.get(what) is not None]
+    if not rows:
+        raise KeyError(f"memory/{role}/{what}")
+    return f"{max(rows, key=abs):+.1f}"
+
+
+def _mapping(d: Any, mapping: str) -> str:
+    """How the worker's resident MB in one mapping moved from the start to the end of an abuse run."""
+    (before,) = d["start"]["worker_mappings"].values()
+    (after,) = d["end"]["worker_mappings"].values()
+    return f"{after[mapping] - before[mapping]:+.1f}"
+
+
+#: bench_abuse.py runs, as run: key -> results file; with specscope, without it, and with glibc's mmap threshold fixed.
+ABUSE = {"with1": "abuse", "with2": "abuse_repeat", "untimed": "abuse_untimed", "with3": "abuse_memory_kinds",
+         "mmap": "abuse_mmap_threshold", "bare1": "abuse_without_specscope", "bare2": "abuse_without_specscope_repeat",
+         "bare3": "abuse_memory_kinds_without_specscope"}
+
 FULL, INCREMENTAL = "plain, full", "plain, incremental (?since=, 20 new records)"
 SERVER = "server (64 kept steps, 3 other processes), full"
 
@@ -240,6 +260,14 @@ FIGURES: dict[str, tuple[str, Callable[[Any], str]]] = {
     "gal.g2.own": ("gate_against_long.json", lambda d: " and ".join(
         str(int(num(d, "prompts", "g2_sample_sizes", s, "own"))) for s in "AB")),
     "gal.minutes": ("gate_against_long.json", lambda d: f"{num(d, 'minutes', 'gate against long'):.0f}"),
+    **{f"abuse.{key}.{what}": (f"{stem}.json", make) for key, stem in ABUSE.items() for what, make in {
+        "worker": lambda d: _growth(d, "worker"), "api": lambda d: _growth(d, "api-server"),
+        "commit": lambda d: str(d["commit"])[:7]}.items()},
+    **{f"abuse.{key}.heap": (f"{ABUSE[key]}.json", lambda d: _mapping(d, "[heap]"))
+       for key in ("with3", "bare3", "mmap")},
+    "abuse.mmap.anon": ("abuse_mmap_threshold.json", lambda d: _mapping(d, "[anon]")),
+    "abuse.with1.requests": ("abuse.json", lambda d: "{:,}".format(int(num(d, "load", "requests")))),
+    "abuse.with1.lines": ("abuse.json", lambda d: str(int(num(d, "capture_final", "lines")))),
     "gauge.ratio_sd": ("forward_gauge.json", lambda d: _forward_gauge(
         d, ("plain_step_over_forward_rel_sd", "spec_step_over_forward_rel_sd"), 1)),
     "gauge.step_sd": ("forward_gauge.json", lambda d: _forward_gauge(d, ("plain_step_rel_sd",), 0)),
