@@ -296,7 +296,8 @@ def main() -> None:
         files = {s: prompts_file(root / f"held-out-{s}.jsonl", samples[s]) for s in "AB"}
         if args.against_long:
             t0 = time.monotonic()
-            unserved = [p for p in prompts if p not in set(served)]
+            served_set = set(served)
+            unserved = [p for p in prompts if p not in served_set]
             g2 = own_and_rest(acceptance(models | {"tuned": tuned}, "tuned", unserved), a2, unserved)
             result["prompts"]["g2_sample_sizes"] = {s: {c: len(v) for c, v in d.items()} for s, d in g2.items()}
             g2_files = {s: prompts_file(root / f"g2-{s}.jsonl", g2[s]) for s in "AB"}

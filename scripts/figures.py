@@ -169,11 +169,11 @@ def _gate_acceptance(g: dict[str, Any], cls: str) -> str:
     return f"{inc:.2f} -> {cand:.2f}"
 
 
-def _growth(d: Any, role: str, what: str = "change_mb") -> str:
+def _growth(d: Any, role: str) -> str:
     """The largest change of resident memory among a results file's processes of ``role`` (a prefix), in MB."""
-    rows = [r[what] for r in d["memory"] if r["role"].startswith(role) and r.get(what) is not None]
+    rows = [r["change_mb"] for r in d["memory"] if r["role"].startswith(role) and r.get("change_mb") is not None]
     if not rows:
-        raise KeyError(f"memory/{role}/{what}")
+        raise KeyError(f"memory/{role}/change_mb")
     return f"{max(rows, key=abs):+.1f}"
 
 

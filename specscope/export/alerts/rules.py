@@ -142,10 +142,16 @@ def _collapsed(s: Snapshot, t: Thresholds) -> bool:
             and w.mean_acceptance_length <= t.collapse_length)
 
 
-def _weak_draft(s: Snapshot, t: Thresholds) -> bool:
+def _server_weak(s: Snapshot, t: Thresholds) -> bool:
+    """The server's steps in the window drafted enough and accept below the weak-draft threshold: what
+    SpecscopeWeakDraft (or, at its worst, SpecscopeAcceptanceCollapse) fires on."""
     w = s.window.spec
-    return (_drafting(s, t) and w is not None and w.acceptance_rate is not None
-            and w.acceptance_rate < t.weak_draft_acceptance and not _collapsed(s, t))
+    return _drafting(s, t) and w is not None and w.acceptance_rate is not None \
+        and w.acceptance_rate < t.weak_draft_acceptance
+
+
+def _weak_draft(s: Snapshot, t: Thresholds) -> bool:
+    return _server_weak(s, t) and not _collapsed(s, t)
 
 
 def divergent_engine(s: Snapshot, t: Thresholds) -> tuple[int, float, float] | None:
@@ -184,14 +190,6 @@ def _tokenizer_rule(verdict: str, name: str, severity: str, *, summary: str, des
         advice=advice,
         per_engine=False,
     )
-
-
-def _server_weak(s: Snapshot, t: Thresholds) -> bool:
-    """The server's steps in the window drafted enough and accept below the weak-draft threshold: what
-    SpecscopeWeakDraft (or, at its worst, SpecscopeAcceptanceCollapse) fires on."""
-    w = s.window.spec
-    return _drafting(s, t) and w is not None and w.acceptance_rate is not None \
-        and w.acceptance_rate < t.weak_draft_acceptance
 
 
 def _weak_class(s: Snapshot, t: Thresholds) -> bool:
