@@ -90,6 +90,11 @@ def _of(d: Any, hit: str, total: str) -> str:
     return f"{int(num(d, 'summary', hit))} of {int(num(d, 'summary', total))}"
 
 
+def _share(hit: int, total: int) -> str:
+    """"X of N (P%)"."""
+    return f"{hit} of {total} ({hit / total:.0%})"
+
+
 def _misses(d: Any, key: str) -> str:
     """The fresh run's cells that missed ``key`` (within_10pct, inside_interval): "pair K=k batch b (error)"."""
     out = [f"{name} K={c['k']} batch {c['batch']} ({c['error']:+.1%})" for name, p in d["pairs"].items()
@@ -369,6 +374,18 @@ FIGURES |= {f"{prefix}.{name}": (file, make) for prefix, file in FRESH.items() f
     "outside_10": lambda d: _misses(d, "within_10pct"),
     "outside_interval": lambda d: _misses(d, "inside_interval"),
 }.items()}
+#: Every fresh run together (``fresh_all.NAME``): the goals' counts summed over the files of FRESH.
+ALL_FRESH = "every file of FRESH"
+FIGURES |= {f"fresh_all.{name}": (ALL_FRESH, lambda docs, hit=hit, total=total: _share(
+    *(sum(int(num(d, "summary", key)) for d in docs) for key in (hit, total))))
+    for name, (hit, total) in {"within": ("within_10pct", "cells"), "inside": ("inside_interval", "with_interval"),
+                               "calls": ("calls_right", "calls"),
+                               "half": ("half_width_within_15pct", "half_widths"),
+                               "advice": ("advice_within_5pct", "advice_batches"),
+                               "rounds_over_5": ("measured_rounds_over_5pct", "cells")}.items()}
+FIGURES["fresh_all.wrong_not_paying"] = (ALL_FRESH, lambda docs: str(sum(
+    int(num(d, "summary", "wrong_not_paying")) for d in docs)))
+FIGURES["fresh_all.runs"] = (ALL_FRESH, lambda docs: str(len(docs)))
 
 
 def render(name: str, results: Path, cache: dict[str, Any]) -> str:
@@ -378,9 +395,10 @@ def render(name: str, results: Path, cache: dict[str, Any]) -> str:
     file, make = FIGURES[name]
     if file not in cache:
         try:
-            cache[file] = json.loads((results / file).read_text())
+            cache[file] = ([json.loads((results / f).read_text()) for f in FRESH.values()] if file == ALL_FRESH
+                           else json.loads((results / file).read_text()))
         except (OSError, ValueError) as e:
-            raise FigureError(f"figure {name}: cannot read {results / file}: {e}") from e
+            raise FigureError(f"figure {name}: cannot read {file} in {results}: {e}") from e
     try:
         return make(cache[file])
     except (KeyError, IndexError, TypeError, ValueError) as e:
