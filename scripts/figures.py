@@ -26,7 +26,7 @@ def documents(root: Path) -> list[str]:
 #: The fresh-seed truth runs the docs quote (``bench_truth_user.py --fresh``), as run: each one's figures are named
 #: ``<prefix>.<figure>``.
 FRESH = {"fresh": "truth_fresh_56479.json", "fresh2": "truth_fresh_282999.json", "fresh3": "truth_fresh_333557.json",
-         "fresh4": "truth_fresh_333557_eagle3.json"}
+         "fresh4": "truth_fresh_333557_eagle3.json", "fresh5": "truth_fresh_333557_ngram.json"}
 DASH = "\u2013"  # the docs' range dash
 MARK = re.compile(r"<!-- fig ([\w.-]+) -->([^<]*)<!-- /fig -->")
 
@@ -374,6 +374,10 @@ FIGURES |= {f"{prefix}.{name}": (file, make) for prefix, file in FRESH.items() f
     "outside_10": lambda d: _misses(d, "within_10pct"),
     "outside_interval": lambda d: _misses(d, "inside_interval"),
 }.items()}
+#: One target's plain step served at batch 1 on chat traffic, in ms, in two runs on it: the machine's speed each day.
+FIGURES |= {f"{prefix}.plain_chat_b1": (FRESH[prefix], lambda d, pair=pair: "{:.1f}".format(
+    num(d, "pairs", f"{pair}-chat", "plain_serving_ms", "1"))) for prefix, pair in (("fresh4", "eagle3"),
+                                                                                   ("fresh5", "ngram"))}
 #: Every fresh run together (``fresh_all.NAME``): the goals' counts summed over the files of FRESH.
 ALL_FRESH = "every file of FRESH"
 FIGURES |= {f"fresh_all.{name}": (ALL_FRESH, lambda docs, hit=hit, total=total: _share(
