@@ -26,7 +26,8 @@ def documents(root: Path) -> list[str]:
 #: The fresh-seed truth runs the docs quote (``bench_truth_user.py --fresh``), as run: each one's figures are named
 #: ``<prefix>.<figure>``.
 FRESH = {"fresh": "truth_fresh_56479.json", "fresh2": "truth_fresh_282999.json", "fresh3": "truth_fresh_333557.json",
-         "fresh4": "truth_fresh_333557_eagle3.json", "fresh5": "truth_fresh_333557_ngram.json"}
+         "fresh4": "truth_fresh_333557_eagle3.json", "fresh5": "truth_fresh_333557_ngram.json",
+         "fresh6": "truth_fresh_282999_draft0.json"}
 DASH = "\u2013"  # the docs' range dash
 MARK = re.compile(r"<!-- fig ([\w.-]+) -->([^<]*)<!-- /fig -->")
 
