@@ -103,6 +103,16 @@ def _misses(d: Any, key: str) -> str:
     return "; ".join(out) or "none"
 
 
+def _widths(d: Any) -> tuple[float, float]:
+    """The fresh run's stated interval against its outcome, both as a share of the point: the median cell's
+    half-width, and the half-width that would have held 90% of the cells (the measurements' distance from the point,
+    the smallest that nine cells in ten are within)."""
+    cells = [c for p in d["pairs"].values() for c in p["cells"] if c.get("interval")]
+    stated = sorted((c["interval"][1] - c["interval"][0]) / 2 / c["predicted"] for c in cells)
+    needed = sorted(abs(c["measured"] / c["predicted"] - 1) for c in cells)
+    return stated[(len(stated) - 1) // 2], needed[math.ceil(0.9 * len(needed)) - 1]
+
+
 def _and(items: list[str]) -> str:
     """"a, b and c"."""
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
@@ -300,6 +310,8 @@ FIGURES: dict[str, tuple[str, Callable[[Any], str]]] = {
     "drift.step_ms": ("drift.json", lambda d: f"{num(d, 'step_ms', 'min'):.1f}{DASH}{num(d, 'step_ms', 'max'):.1f}"),
     "drift.off_10": ("drift.json", lambda d: _and(
         [pct(num(d, "calibration_error", f"lag {s} s, rounds 0 s apart", "over_10pct")) for s in (60, 120, 300)])),
+    "drift.median_60": ("drift.json", lambda d: pct(num(d, "calibration_error", "lag 60 s, rounds 0 s apart",
+                                                          "median"))),
     "arrivals.per_token": ("arrivals.json", lambda d: _and(
         [times(num(r, "plain", "tpot_p50") / num(r, "k4", "tpot_p50")) for r in d["by_rate"].values()])),
     "arrivals.predicted": ("arrivals.json", lambda d: _and(
@@ -374,6 +386,8 @@ FIGURES |= {f"{prefix}.{name}": (file, make) for prefix, file in FRESH.items() f
     "exact": lambda d: pct(num(d, "summary", "exact_prediction_within_10pct")),
     "outside_10": lambda d: _misses(d, "within_10pct"),
     "outside_interval": lambda d: _misses(d, "inside_interval"),
+    "stated_half": lambda d: f"\u00b1{pct(_widths(d)[0])}",
+    "needed_half": lambda d: f"\u00b1{pct(_widths(d)[1])}",
 }.items()}
 #: One target's plain step served at batch 1 on chat traffic, in ms, in two runs on it: the machine's speed each day.
 FIGURES |= {f"{prefix}.plain_chat_b1": (FRESH[prefix], lambda d, pair=pair: "{:.1f}".format(
