@@ -27,7 +27,8 @@ def documents(root: Path) -> list[str]:
 #: ``<prefix>.<figure>``.
 FRESH = {"fresh": "truth_fresh_56479.json", "fresh2": "truth_fresh_282999.json", "fresh3": "truth_fresh_333557.json",
          "fresh4": "truth_fresh_333557_eagle3.json", "fresh5": "truth_fresh_333557_ngram.json",
-         "fresh6": "truth_fresh_282999_draft0.json", "fresh7": "truth_fresh_282999_eagle3.json"}
+         "fresh6": "truth_fresh_282999_draft0.json", "fresh7": "truth_fresh_282999_eagle3.json",
+         "fresh8": "truth_fresh_356101_ngram.json"}
 DASH = "\u2013"  # the docs' range dash
 MARK = re.compile(r"<!-- fig ([\w.-]+) -->([^<]*)<!-- /fig -->")
 
@@ -412,12 +413,14 @@ def render(name: str, results: Path, cache: dict[str, Any]) -> str:
     if name not in FIGURES:
         raise FigureError(f"unknown figure {name!r} (scripts/figures.py FIGURES)")
     file, make = FIGURES[name]
-    if file not in cache:
-        try:
-            cache[file] = ([json.loads((results / f).read_text()) for f in FRESH.values()] if file == ALL_FRESH
-                           else json.loads((results / file).read_text()))
-        except (OSError, ValueError) as e:
-            raise FigureError(f"figure {name}: cannot read {file} in {results}: {e}") from e
+    for f in FRESH.values() if file == ALL_FRESH else (file,):
+        if f not in cache:
+            try:
+                cache[f] = json.loads((results / f).read_text())
+            except (OSError, ValueError) as e:
+                raise FigureError(f"figure {name}: cannot read {f} in {results}: {e}") from e
+    if file == ALL_FRESH:
+        cache.setdefault(file, [cache[f] for f in FRESH.values()])
     try:
         return make(cache[file])
     except (KeyError, IndexError, TypeError, ValueError) as e:
