@@ -44,7 +44,9 @@ def measure_step_times(llm: Any, batch_sizes: Sequence[int], tokens: int = 64, r
     round at a batch size generates again until it has run ``round_s`` seconds, so that a model whose step takes a
     millisecond is timed over as long a moment as one whose step takes tens (64 steps of 1.5 ms are a tenth of a
     second: one slow spell is the whole round). With ``max_rounds``, rounds go on after ``rounds`` while they
-    disagree (:data:`SETTLED`), and the profile's source says how many were timed.
+    disagree (:data:`SETTLED`), the reference prompts alone (they are the rows; the slope comes from the first
+    ``rounds``, which timed both sets, scaled to the speed of all the rounds), and the profile's source says how many
+    were timed.
     """
     from vllm import SamplingParams
 
@@ -66,18 +68,12 @@ def measure_step_times(llm: Any, batch_sizes: Sequence[int], tokens: int = 64, r
 
     run(8, reference)
     measured: list[list[StepProfile]] = [[] for _ in sets]
-    while len(measured[0]) < rounds or (len(measured[0]) < (max_rounds or 0) and
-                                        not settled(measured[0], batch_sizes)):
+    for _ in range(rounds):
         for i, chosen in enumerate(sets):
             measured[i].append(run(tokens, chosen, round_s))
-    contrast = {t.batch_size: t for t in median_rows(measured[-1], batch_sizes)} if len(sets) > 1 else {}
-    times = []
-    for t in median_rows(measured[0], batch_sizes):
-        other = contrast.get(t.batch_size)
-        if other is not None and t.context and other.context and \
-                abs(other.context - t.context) >= 0.5 * max(other.context, t.context):  # far enough apart to tell
-            t = replace(t, context_slope=max(0.0, (other.mean_s - t.mean_s) / (other.context - t.context)))
-        times.append(t)
+    while len(measured[0]) < (max_rounds or 0) and not settled(measured[0], batch_sizes):
+        measured[0].append(run(tokens, reference, round_s))  # only the reference decides when the rounds settle
+    times = sloped_rows(measured[0], measured[1] if len(sets) > 1 else [], batch_sizes)
     snap = llm.snapshot()
     more = f", {len(measured[0])} rounds: they disagreed" if len(measured[0]) > rounds else ""
     return StepProfile(tuple(times), f"measured on {snap.engine.model}{more}", snap.engine.setup,
@@ -94,6 +90,24 @@ def live_baseline(calibrated: StepProfile, live: StepProfile) -> StepProfile:
     rows = tuple(replace(t, context_slope=c.context_slope, spread=c.spread) if (c := slopes.get(t.batch_size)) else t
                  for t in live.times if t.steps)
     return StepProfile(rows, "the plain engine, alternated with this one on the same traffic", calibrated.setup)
+
+
+def sloped_rows(reference: Sequence[StepProfile], contrast: Sequence[StepProfile],
+                batch_sizes: Collection[int]) -> list[StepTime]:
+    """The rows of ``reference``'s rounds (:func:`median_rows`), each with the slope over context to ``contrast``'s
+    rounds (timed at a context far from the reference's) where both were timed: the medians of the rounds that
+    timed both sets (the first ``len(contrast)``), scaled to the speed of all the reference rounds."""
+    paired = {t.batch_size: t for t in median_rows(reference[:len(contrast)], batch_sizes)} if contrast else {}
+    far = {t.batch_size: t for t in median_rows(contrast, batch_sizes)} if contrast else {}
+    rows = []
+    for t in median_rows(reference, batch_sizes):
+        other, near = far.get(t.batch_size), paired.get(t.batch_size)
+        if other is not None and near is not None and near.context and other.context and near.mean_s and \
+                abs(other.context - near.context) >= 0.5 * max(other.context, near.context):  # far enough apart
+            slope = (other.mean_s - near.mean_s) / (other.context - near.context) * t.mean_s / near.mean_s
+            t = replace(t, context_slope=max(0.0, slope))
+        rows.append(t)
+    return rows
 
 
 def settled(rounds: Sequence[StepProfile], batch_sizes: Collection[int]) -> bool:

@@ -10,7 +10,7 @@ import pytest
 
 from specscope.core.counts import forward_moments
 from specscope.core.model import StepProfile, StepTime
-from specscope.engine.measure import median_moments, median_rows, serve_until_row, settled
+from specscope.engine.measure import median_moments, median_rows, serve_until_row, settled, sloped_rows
 from specscope.verdict.forward import fit_forward
 from specscope.verdict.speedup import MIN_TABLE_STEPS
 from tests.verdict.test_forward import forward
@@ -43,6 +43,24 @@ def test_rounds_are_settled_when_their_median_is_sure_at_every_batch_size() -> N
     # Every batch size must be: a quiet batch 1 beside a noisy batch 8 is not.
     both = [StepProfile(q.times + n.times, "r") for q, n in zip(rounds(0.0, 3), rounds(0.2, 3, 8), strict=True)]
     assert not settled(both, (1, 8)) and settled(both, (1,))
+
+
+def test_the_context_slope_comes_from_the_rounds_that_timed_both_contexts_at_all_the_rounds_speed() -> None:
+    """Three rounds timed the short and the long prompts together, on a machine running at 1.0x, 1.2x, 1.0x; six
+    more timed the short ones alone (calibration's extra rounds), slower: the slope is the paired rounds' (10 ms to
+    30 ms over 900 tokens), scaled to the speed of the median of all nine short rounds."""
+    def at(batch: int, mean_s: float, context: float) -> StepProfile:
+        return StepProfile((StepTime(batch, 30, mean_s, context=context),), "r")
+
+    short = [at(8, 0.010 * s, 100.0) for s in (1.0, 1.2, 1.0, 1.3, 1.3, 1.3, 1.3, 1.3, 1.4)]
+    long = [at(8, 0.030 * s, 1000.0) for s in (1.0, 1.2, 1.0)]
+    (row,) = sloped_rows(short, long, (8,))
+    assert row.mean_s == pytest.approx(0.013)  # the median of the nine
+    assert row.context_slope == pytest.approx(0.020 / 900 * 1.3)
+    assert StepProfile((row,), "r").at(8, context=1000.0) == pytest.approx(0.039)  # priced at the long context
+    # No contrast, or one too near the reference's context to tell a slope: the rows carry none.
+    assert sloped_rows(short, [], (8,))[0].context_slope == 0.0
+    assert sloped_rows(short, [at(8, 0.012, 140.0)] * 3, (8,))[0].context_slope == 0.0
 
 
 def test_the_rounds_forward_sums_are_pooled_at_the_median_rounds_speed() -> None:
