@@ -289,10 +289,11 @@ class Counts:
             else:
                 mine[:] = map(operator.add, mine, row)
 
-    def totals(self, seconds: float, k: int | None, spreads: dict[int, float] | None = None,
+    def totals(self, seconds: float, k: int | None, spreads: dict[int, tuple[float, int]] | None = None,
                forwards_alone: bool = False) -> Totals:
         """The interval as an immutable :class:`Totals`; speculative counts only when ``k`` is known; ``spreads``:
-        each batch size's moment-to-moment spread of its decode-step time (:func:`moment_spread`).
+        each batch size's moment-to-moment spread of its decode-step time (:func:`moment_spread`) and the seconds
+        it is over.
         ``forwards_alone``: keep the batch sizes this process timed forwards at but got no steps of (another
         API-server process may have them; :func:`specscope.state.merge.merge` drops those nobody stepped at)."""
         spreads = spreads or {}
@@ -309,7 +310,8 @@ class Counts:
                 rejections=c["rejections"],
             )
         times = tuple(StepTime(b, int(n), t / n if n else 0.0, int(tok), int(pn), ps, int(ptok), int(first),
-                               ctx / n if n else 0.0, spread=spreads.get(b, 0.0), forwards=int(fn),
+                               ctx / n if n else 0.0, spread=spreads.get(b, (0.0, 0))[0],
+                               readings=spreads.get(b, (0.0, 0))[1], forwards=int(fn),
                                forward_s=fs / fn if fn else 0.0, forward_tokens=ftok / fn if fn else 0.0)
                       for b, (n, t, tok, pn, ps, ptok, first, ctx, fn, fs, ftok) in sorted(self.batches.items())
                       if n or pn or fn)

@@ -130,9 +130,11 @@ class StepTime:
     #: A baseline's seconds per decode step per token of context a request attends over, measured at two contexts
     #: (:func:`specscope.engine.measure.measure_step_times`); 0.0 where not measured.
     context_slope: float = field(default=0.0, metadata={"combine": "mean", "weight": "steps"})
-    #: A baseline's relative spread of ``mean_s`` between its calibration rounds (standard deviation / mean); 0.0
-    #: where unknown.
+    #: The relative spread of ``mean_s`` between its readings (standard deviation / mean): a baseline's calibration
+    #: rounds, the live steps' seconds (about the context's line); 0.0 where unknown.
     spread: float = field(default=0.0, metadata={"combine": "mean", "weight": "steps"})
+    #: How many readings ``spread`` is over: how sure ``mean_s`` is (their standard error); 0 where unknown.
+    readings: int = field(default=0, metadata={"combine": "keep"})
     #: The target's forward passes timed in the process that runs the model (:mod:`specscope.engine.forward_timer`)
     #: among this batch size's decode steps: how many, their mean seconds and mean tokens each ran (b a plain step,
     #: b·(K+1) a speculative one); 0 where not timed (on CUDA, or without the plugin).

@@ -120,7 +120,7 @@ def median_rows(rounds: Sequence[StepProfile], batch_sizes: Collection[int]) -> 
     """One engine's decode steps at each of ``batch_sizes`` over ``rounds`` (a reading each): the median round's
     mean, so that one round caught in a slow spell of the machine does not move it; steps and context pooled; the
     target's forward at the pooled rounds' forward / step ratio (where timed); and, with two rounds or more, the
-    rounds' relative spread (standard deviation / mean)."""
+    rounds' relative spread (standard deviation / mean) and how many they were."""
     rows = []
     for t in merge_profiles(list(rounds)).times:
         if t.batch_size not in batch_sizes or not t.steps:
@@ -130,7 +130,8 @@ def median_rows(rounds: Sequence[StepProfile], batch_sizes: Collection[int]) -> 
         spread = statistics.stdev(means) / mean_s if len(means) > 1 and mean_s > 0 else 0.0
         # The forward as the pooled rounds relate it to the step (a steady ratio), at the median round's step.
         forward_s = mean_s * t.forward_s / t.mean_s if t.forwards and t.mean_s > 0 else 0.0
-        rows.append(StepTime(t.batch_size, t.steps, mean_s, context=t.context, spread=spread, forwards=t.forwards,
+        rows.append(StepTime(t.batch_size, t.steps, mean_s, context=t.context, spread=spread,
+                             readings=len(means) if len(means) > 1 else 0, forwards=t.forwards,
                              forward_s=forward_s, forward_tokens=t.forward_tokens if forward_s else 0.0))
     return rows
 

@@ -72,7 +72,7 @@ class EngineStreams:
         life, window = Counts(), Counts()
         engines = []
         second, seconds = int(now), int(span)
-        spreads: dict[int, float] = {}
+        spreads: dict[int, tuple[float, int]] = {}
         with self._lock:
             for index, stream in sorted(self._streams.items()):
                 lifetime, w = stream.ring.lifetime(), stream.ring.sum(second, seconds)
@@ -87,9 +87,11 @@ class EngineStreams:
                            window.totals(window_len, k, spreads, forwards_alone), tuple(engines))
 
 
-def _spreads(rings: list[Ring], second: int, seconds: int) -> dict[int, float]:
-    """Each batch size's moment-to-moment spread of its decode-step time over the window."""
-    return {b: moment_spread(rows) for b, rows in batch_seconds(rings, second, seconds).items()}
+def _spreads(rings: list[Ring], second: int, seconds: int) -> dict[int, tuple[float, int]]:
+    """Each batch size's moment-to-moment spread of its decode-step time over the window, and the seconds it is
+    over (0 where too few to tell one)."""
+    return {b: (spread, len(rows) if spread else 0) for b, rows in batch_seconds(rings, second, seconds).items()
+            for spread in (moment_spread(rows),)}
 
 
 class EngineStream:

@@ -47,7 +47,7 @@ def save_profile(profile: StepProfile, path: str | Path) -> None:
     doc: dict[str, Any] = {
         "setup": asdict(setup),
         "step_times": [{"batch_size": t.batch_size, "steps": t.steps, "mean_s": t.mean_s, "context": t.context,
-                        "context_slope": t.context_slope, "spread": t.spread}
+                        "context_slope": t.context_slope, "spread": t.spread, "rounds": t.readings}
                        | ({"forwards": t.forwards, "forward_s": t.forward_s, "forward_tokens": t.forward_tokens}
                           if t.forwards else {}) for t in profile.times]}
     if profile.forward_moments:
@@ -66,7 +66,8 @@ def load_profile(path: str | Path) -> StepProfile:
         doc = json.loads(Path(path).read_text())
         times = tuple(StepTime(int(t["batch_size"]), int(t["steps"]), float(t["mean_s"]),
                                context=float(t.get("context", 0.0)), context_slope=float(t.get("context_slope", 0.0)),
-                               spread=float(t.get("spread", 0.0)), forwards=int(t.get("forwards", 0)),
+                               spread=float(t.get("spread", 0.0)), readings=int(t.get("rounds", 0)),
+                               forwards=int(t.get("forwards", 0)),
                                forward_s=float(t.get("forward_s", 0.0)),
                                forward_tokens=float(t.get("forward_tokens", 0.0))) for t in doc["step_times"])
         moments = tuple(float(x) for x in doc.get("forward_moments", ()))
@@ -78,8 +79,9 @@ def load_profile(path: str | Path) -> StepProfile:
         raise ValueError(f"{path} is not a specscope baseline (step_times by batch size): {exc}") from None
     if not times or any(t.batch_size < 1 or t.steps < 1 or t.mean_s <= 0 for t in times):
         raise ValueError(f"{path} is not a usable baseline: it needs positive batch sizes, steps and times")
-    if any(min(t.context, t.context_slope, t.spread, t.forwards, t.forward_s, t.forward_tokens) < 0 for t in times):
-        raise ValueError(f"{path} is not a usable baseline: context, context_slope, spread and the forward's "
+    if any(min(t.context, t.context_slope, t.spread, t.readings, t.forwards, t.forward_s, t.forward_tokens) < 0
+           for t in times):
+        raise ValueError(f"{path} is not a usable baseline: context, context_slope, spread, rounds and the forward's "
                          "numbers cannot be negative")
     if moments and (len(moments) != 9 or not all(math.isfinite(x) for x in moments)):
         raise ValueError(f"{path} is not a usable baseline: forward_moments must be 9 finite numbers")

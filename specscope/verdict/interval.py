@@ -22,11 +22,11 @@ def speedup_interval(snap: Snapshot, batch: int | None, k: int, c: float, measur
                      ) -> tuple[tuple[float, float] | None, str, Callable[[int], tuple[float, ...]] | None, int]:
     """``(interval at the running K, basis, the speedup at a K in each draw, requests resampled)``: ``speedup_at``
     over the requests' resampled acceptance and, where c is measured, a plain step time drawn from the baseline's
-    spread between its rounds (through c) and the machine's drift between moments (a factor on every K's speedup:
-    it moves the steps a restart runs, at whatever K). With too few requests to resample (a window at a large batch
-    size may finish two), a measured c still draws its step times, with acceptance as observed over the window's
-    steps: the step times' unsureness is said, and a point just under 1.0x is not called a loss on it. None with
-    neither.
+    median at its standard error (through c), and the machine's drift between moments with the live steps' mean at
+    its standard error (a factor on every K's speedup: it moves the steps a restart runs, at whatever K). With too
+    few requests to resample (a window at a large batch size may finish two), a measured c still draws its step
+    times, with acceptance as observed over the window's steps: the step times' unsureness is said, and a point
+    just under 1.0x is not called a loss on it. None with neither.
 
     At a K other than the running one, the model's own unknown is drawn too: a speculative step pays part of its
     cost whatever its K (vLLM's speculative path: sampling, bookkeeping, the proposer's set-up), and one K's step
@@ -38,25 +38,16 @@ def speedup_interval(snap: Snapshot, batch: int | None, k: int, c: float, measur
     resampled = res.requests if res is not None and res.draws else 0
     base = usable_baseline(snap)
     rows = [t for t in base.times if t.steps >= MIN_STEPS] if base is not None and measured and batch else []
-    spread = min(rows, key=lambda t: abs(t.batch_size - (batch or 1))).spread if rows else 0.0
-    # The baseline was timed at another moment, and a restart will run at another again: the machine's speed moves
-    # between moments, the plain step's since the baseline and the speculative step's since this window, each by
-    # what the run measured it move, the live steps' spread from second to second or the baseline's from round to
-    # round (the larger); by the drift assumed (measured on CPU machines) only where the run measured neither.
-    live = steps_at(snap, batch) if rows and batch else None
-    seconds = live.spread if live is not None else 0.0
-    moved = max(seconds, spread)
-    drift = ((moved, moved) if moved else (uncertainty.SPEC_DRIFT, uncertainty.PLAIN_DRIFT)) if rows else (0.0, 0.0)
-
-    def why(d: float) -> str:
-        return ("as the live steps move from second to second" if seconds >= d else
-                "as the baseline's rounds moved" if spread >= d else "the least assumed (no spread measured)")
-
-    spec_why, plain_why = why(drift[0]), why(drift[1])
-    each = (f"{drift[0]:.0%}, {spec_why}" if drift[0] == drift[1] else
-            f"speculative {drift[0]:.1%}, plain {drift[1]:.1%}, {spec_why}" if spec_why == plain_why else
-            f"speculative {drift[0]:.1%} ({spec_why}), plain {drift[1]:.1%} ({plain_why})")
-    rounds, apart = spread, (drift[0] * drift[0] + drift[1] * drift[1]) ** 0.5
+    near = min(rows, key=lambda t: abs(t.batch_size - (batch or 1))) if rows else None
+    live = steps_at(snap, batch) if near is not None and batch else None
+    # The plain step is priced from the baseline's median of its rounds, the speculative step from this window's
+    # mean over its seconds: each as sure as its standard error. What neither shows, the machine's speed moving
+    # between moments minutes apart (the baseline's and a restart's plain step, this window's and a restart's
+    # speculative step), is the drift assumed (measured on CPU machines).
+    rounds = uncertainty.standard_error(near.spread, near.readings, median=True) if near is not None else 0.0
+    window = uncertainty.standard_error(live.spread, live.readings) if live is not None else 0.0
+    drift = (uncertainty.SPEC_DRIFT, uncertainty.PLAIN_DRIFT) if near is not None else (0.0, 0.0)
+    apart = (drift[0] ** 2 + window ** 2 + drift[1] ** 2) ** 0.5
     spread = (rounds * rounds + apart * apart) ** 0.5
     if not resampled and not spread:
         return None, "", None, 0
@@ -74,8 +65,15 @@ def speedup_interval(snap: Snapshot, batch: int | None, k: int, c: float, measur
     def at(j: int) -> tuple[float, ...]:
         return tuple(speedup_at(j, *x) * g for x, g in zip(draws, drifted, strict=True))
 
-    steps = (f"a {spread:.0%} spread of the step times' ratio (the baseline's rounds, and each step time's drift "
-             f"between moments: {each})") if spread else ""
+    parts = []
+    if near is not None and rounds:
+        over = f" over {near.readings} rounds" if near.readings else ""
+        parts.append(f"the baseline's median ±{rounds:.1%}{over}")
+    if live is not None and window:
+        over = f" over {live.readings} seconds" if live.readings else ""
+        parts.append(f"the live steps' mean ±{window:.1%}{over}")
+    parts.append(f"the drift between moments assumed: speculative {drift[0]:.1%}, plain {drift[1]:.1%}")
+    steps = f"a {spread:.0%} spread of the step times' ratio ({'; '.join(parts)})" if spread else ""
     if resampled:
         basis = f"{uncertainty.COVERAGE:.0%} interval over {resampled} requests" + (f" and {steps}" if steps else "")
     else:

@@ -1,13 +1,13 @@
 """How sure the verdict is: the spread of acceptance over the window's requests, resampled (a bootstrap over
-requests), and of the step times: the baseline's between its calibration rounds, and each step time's drift between
-moments (as far as the run's own spreads show it; :data:`SPEC_DRIFT` and :data:`PLAIN_DRIFT` where it measured none).
+requests), and of the step times: the baseline's median and the live steps' mean at their standard errors, and each
+step time's drift between moments, which neither shows (:data:`SPEC_DRIFT` and :data:`PLAIN_DRIFT`).
 
 Acceptance depends on the text: two samples of the same traffic can differ by 10-15% in tokens per step, and a
 verdict drawn from 45 requests is a sample. Each draw resamples the window's distinct requests (requests with the
 same numbers, such as a prompt sent again under greedy decoding, count once: they say nothing new about the
 traffic) and gives how much the acceptance of the draw differs from the whole sample's, position by position;
 :func:`specscope.verdict.speedup.estimate` prices each draw as it prices the point, with a plain step time drawn
-from the baseline's spread, and takes the central :data:`COVERAGE` of the draws as the interval.
+from the baseline's standard error, and takes the central :data:`COVERAGE` of the draws as the interval.
 
 The interval is for the traffic's speedup, what a restart at the K it names gives over the long run (the mean over
 all of the traffic's requests, at the machine's speed at another moment), not for one more window's measurement of
@@ -112,13 +112,18 @@ def _resample(recs: Sequence[RequestRecord]) -> Resample | None:
     return Resample(tuple(draws), len(items))
 
 
-#: The relative drift between moments minutes apart assumed where the run measured none (neither the live steps'
-#: second-to-second spread nor the baseline's round-to-round one, which are used wherever measured), each as it was on
-#: the 2-core CPU machines of ``benchmarks/bench_truth_user.py``: the speculative step's until a restart (the same
-#: engine's step at the same batch size moved by 6.5%, root mean square, between two runs minutes apart) and the plain
-#: step's since its baseline (the step served differed from the one its calibration priced by 4.6%). Assumed, not
-#: fitted; a quiet GPU moves less.
+#: The relative drift between moments minutes apart, which neither a baseline's back-to-back rounds nor a window's
+#: seconds show, each as it was on the 2-core CPU machines of ``benchmarks/bench_truth_user.py``: the speculative
+#: step's until a restart (the same engine's step at the same batch size moved by 6.5%, root mean square, between two
+#: runs minutes apart) and the plain step's since its baseline (the step served differed from the one its calibration
+#: priced by 4.6%). Assumed, not fitted; a quiet GPU moves less.
 SPEC_DRIFT, PLAIN_DRIFT = 0.065, 0.046
+
+
+def standard_error(spread: float, readings: int, median: bool = False) -> float:
+    """How sure a mean (or, ``median``, a median: 1.25 times as unsure) of ``readings`` readings whose relative
+    standard deviation is ``spread`` is; ``spread`` itself where their number is unknown (as unsure as one)."""
+    return (1.25 if median else 1.0) * spread / readings ** 0.5 if readings > 1 else spread
 
 
 def noise(draws: int, spread: float, seed: int = 1) -> list[float]:

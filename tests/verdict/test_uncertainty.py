@@ -34,10 +34,11 @@ def test_decode_steps_record_the_context_their_requests_attend_over() -> None:
 def test_a_baseline_is_priced_at_the_context_the_engine_runs_at(tmp_path: Path) -> None:
     """Calibrated at 50 tokens of context with 0.1 ms more per step per token, a plain step at batch 16 costs
     20 + 2.9 ms at the engine's 79 tokens: c is measured against that, and the source says where it was priced."""
-    base = StepProfile((StepTime(16, 50, 0.020, context=50.0, context_slope=1e-4, spread=0.05),), "b", SETUP)
+    base = StepProfile((StepTime(16, 50, 0.020, context=50.0, context_slope=1e-4, spread=0.05, readings=4),), "b",
+                       SETUP)
     save_profile(base, tmp_path / "b.json")
     loaded = load_profile(tmp_path / "b.json")
-    assert loaded.times == base.times  # context, slope and spread survive the file
+    assert loaded.times == base.times  # context, slope, spread and its rounds survive the file
     assert loaded.at(16) == pytest.approx(0.020) and loaded.at(16, context=79.0) == pytest.approx(0.0229)
     assert loaded.at(16, context=1.0) == pytest.approx(0.020 - 49e-4)
     clock = Clock()
