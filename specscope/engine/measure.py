@@ -13,6 +13,7 @@ from typing import Any
 
 from specscope.core.model import StepProfile, StepTime
 from specscope.engine.vllm_engine import traffic_class
+from specscope.verdict import uncertainty
 from specscope.verdict.baseline import merge_profiles
 from specscope.verdict.speedup import MIN_TABLE_STEPS
 
@@ -112,7 +113,7 @@ def sloped_rows(reference: Sequence[StepProfile], contrast: Sequence[StepProfile
 
 def settled(rounds: Sequence[StepProfile], batch_sizes: Collection[int]) -> bool:
     """Whether the median of ``rounds`` is sure enough at every batch size (:data:`SETTLED`); never with one."""
-    return len(rounds) > 1 and all(1.25 * t.spread / len(rounds) ** 0.5 <= SETTLED
+    return len(rounds) > 1 and all(uncertainty.standard_error(t.spread, len(rounds), median=True) <= SETTLED
                                    for t in median_rows(rounds, batch_sizes))
 
 

@@ -90,8 +90,11 @@ class EngineStreams:
 def _spreads(rings: list[Ring], second: int, seconds: int) -> dict[int, tuple[float, int]]:
     """Each batch size's moment-to-moment spread of its decode-step time over the window, and the seconds it is
     over (0 where too few to tell one)."""
-    return {b: (spread, len(rows) if spread else 0) for b, rows in batch_seconds(rings, second, seconds).items()
-            for spread in (moment_spread(rows),)}
+    spreads = {}
+    for b, rows in batch_seconds(rings, second, seconds).items():
+        spread = moment_spread(rows)
+        spreads[b] = (spread, len(rows) if spread else 0)
+    return spreads
 
 
 class EngineStream:
