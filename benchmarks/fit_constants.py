@@ -23,11 +23,20 @@ then the value nearest the committed one), then scored on the left-out pair's ce
 score there. The fresh runs (``truth_fresh_*``), the accuracy docs/evidence.md quotes, are not read: no constant is
 chosen on them.
 
-The drift assumed between moments (``SPEC_DRIFT``, ``PLAIN_DRIFT``) is not fitted here: every saved run measured
-its own spreads, which the verdict uses instead, so no saved cell depends on it.
+The drift between moments (:data:`specscope.verdict.uncertainty.DRIFT`), a factor on every cell's interval, is
+fitted with ``--drift``: not by replaying the snapshots (those runs kept no count of their baseline's rounds or their
+window's seconds, which the interval takes beside the drift) but from what each run measured of it, on the same
+runs and pairs: at each batch size, the step times' ratio the verdict predicted from (the speculative step on the
+sample it was predicted from, ``spec_step_ms``; the plain step at its calibration's price, ``plain_priced_ms``)
+against the ratio on the sample measured (the speculative step there; the plain step served, ``plain_serving_ms``).
+The drift is the normal spread whose central ``COVERAGE`` (90%) holds that share of the moves (their 90th
+percentile of size / 1.645: a few slow spells do not inflate it as they would a root mean square, and it is the band
+the interval states). Leaving each pair out, the value from the other pairs is scored on the left-out pair's moves:
+how many of them its band holds.
 
-Run: python benchmarks/fit_constants.py [--results NAME] (about a minute). Results:
-benchmarks/results/fit_constants.json (``--results`` names them otherwise).
+Run: python benchmarks/fit_constants.py [--drift] [--results NAME] (about a minute; ``--drift``, a second).
+Results: benchmarks/results/fit_constants.json, with ``--drift`` fit_drift.json (``--results`` names them
+otherwise).
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import subprocess
 import sys
 from collections.abc import Callable
@@ -129,9 +139,9 @@ def history_reader(commit: str) -> tuple[set[str], Callable[[str], str]]:
     return {Path(n).name for n in names}, lambda name: _git("show", f"{commit}:benchmarks/results/{name}")
 
 
-def runs() -> Saved:
-    """(run, pair, predicting snapshot, measured cells) for every saved run's pair that has its snapshot: the
-    current run from the tree, the earlier ones from git (:data:`HISTORY`)."""
+def documents() -> list[tuple[str, str, dict[str, Any], Callable[[str], str] | None]]:
+    """(run, pair, the pair's results, a reader of its predicting snapshot or None where the run saved none) for
+    every saved run's pair: the current run from the tree, the earlier ones from git (:data:`HISTORY`)."""
     def in_tree(name: str) -> str:
         return (RESULTS / name).read_text()
 
@@ -145,11 +155,19 @@ def runs() -> Saved:
         doc = json.loads(read(f"{stem}.json"))
         for pair, result in doc.get("pairs", {}).items():
             snapshot = f"{stem}_{pair}.snapshot.json"
-            if snapshot not in names:
-                continue
-            cells = [{k: c[k] for k in ("k", "batch", "measured", "rounds")} for c in result["cells"]
-                     if c.get("measured")]
-            out.append((stem, pair, codec.from_dict(json.loads(read(snapshot))), cells))
+            out.append((stem, pair, result,
+                        (lambda name=snapshot, read=read: read(name)) if snapshot in names else None))
+    return out
+
+
+def runs() -> Saved:
+    """(run, pair, predicting snapshot, measured cells) for every saved run's pair that has its snapshot."""
+    out = []
+    for stem, pair, result, snapshot in documents():
+        if snapshot is None:
+            continue
+        cells = [{k: c[k] for k in ("k", "batch", "measured", "rounds")} for c in result["cells"] if c.get("measured")]
+        out.append((stem, pair, codec.from_dict(json.loads(snapshot())), cells))
     return out
 
 
@@ -207,22 +225,86 @@ def cross_validate(constant: Constant, saved: Saved) -> dict[str, Any]:
             "by_value": {str(_json(v)): {"all": everywhere[v], **by_value[v]} for v in grid}}
 
 
+#: The drift the interval took before it was fitted: the speculative step's 6.5% and the plain step's 4.6%, assumed
+#: (``uncertainty.SPEC_DRIFT``, ``PLAIN_DRIFT`` until commit ec7656b), together.
+FORMER_DRIFT = round(math.hypot(0.065, 0.046), 3)
+
+
+def ratio_move(result: dict[str, Any], batch: str) -> float | None:
+    """How far the step times' ratio a saved pair predicted from at ``batch`` (the speculative step on the sample it
+    was predicted from, the plain step as its calibration priced it) was from the ratio on the sample measured (the
+    speculative step there, the plain step served beside it); None where the run lacks either."""
+    spec = result.get("spec_step_ms", {})
+    then, now = spec.get("sample_a", {}).get(batch), spec.get("sample_b", {}).get(batch)
+    priced, served = result.get("plain_priced_ms", {}).get(batch), result.get("plain_serving_ms", {}).get(batch)
+    return (priced / then) / (served / now) - 1.0 if then and now and priced and served else None
+
+
+def spread_holding(moves: list[float]) -> float:
+    """The normal spread whose central :data:`uncertainty.COVERAGE` holds that share of ``moves``: their percentile
+    of size at it over the normal's (1.645 at 90%)."""
+    z = statistics.NormalDist().inv_cdf(0.5 + uncertainty.COVERAGE / 2)
+    size = sorted(abs(m) for m in moves)
+    return size[round(uncertainty.COVERAGE * (len(size) - 1))] / z
+
+
+def held(moves: list[float], spread: float) -> int:
+    """How many of ``moves`` the central :data:`uncertainty.COVERAGE` of a normal ``spread`` holds."""
+    z = statistics.NormalDist().inv_cdf(0.5 + uncertainty.COVERAGE / 2)
+    return sum(abs(m) <= z * spread for m in moves)
+
+
+def fit_drift(by_pair: dict[str, list[float]], committed: float) -> dict[str, Any]:
+    """One drift fitted on every pair's moves, and chosen on all pairs but one and scored on that one, for each."""
+    folds = []
+    for left_out, moves in sorted(by_pair.items()):
+        chosen = spread_holding([m for pair, ms in by_pair.items() if pair != left_out for m in ms])
+        folds.append({"left_out": left_out, "chosen": round(chosen, 3), "moves": len(moves),
+                      "held": held(moves, chosen), "held_at_committed": held(moves, committed),
+                      "own": round(spread_holding(moves), 3)})
+    every = [m for ms in by_pair.values() for m in ms]
+    return {"fitted": round(spread_holding(every), 3), "committed": committed, "moves": len(every),
+            "root_mean_square": round(math.sqrt(sum(m * m for m in every) / len(every)), 3), "folds": folds,
+            "cross_validated": {"moves": sum(f["moves"] for f in folds), "held": sum(f["held"] for f in folds)},
+            "committed_on_the_same_moves": {"moves": len(every), "held": held(every, committed)},
+            "former": {"value": FORMER_DRIFT, "held": held(every, FORMER_DRIFT)}}
+
+
+def drift() -> tuple[list[str], dict[str, Any]]:
+    """The runs read, and the drift fitted from their pairs' moves (:func:`ratio_move`)."""
+    by_pair: dict[str, list[float]] = {}
+    read = set()
+    for run, pair, result, snapshot in documents():
+        if snapshot is None:  # a run judged again, whose moves another run's files hold
+            continue
+        read.add(run)
+        by_pair.setdefault(pair, []).extend(m for b in ("1", "4", "16") if (m := ratio_move(result, b)) is not None)
+    return sorted(read), {"constant": "uncertainty.DRIFT",
+                          **fit_drift({p: ms for p, ms in by_pair.items() if ms}, uncertainty.DRIFT)}
+
+
 def _json(value: float) -> float | str:
     return value if math.isfinite(value) else "inf"
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--results", default="fit_constants", help="the results' name in benchmarks/results")
+    ap.add_argument("--drift", action="store_true", help="fit the drift between moments (uncertainty.DRIFT)")
+    ap.add_argument("--results", help="the results' name in benchmarks/results (fit_constants; fit_drift)")
     args = ap.parse_args(argv)
     try:
+        if args.drift:
+            read, fitted = drift()
+            write(args.results or "fit_drift", {"runs": read, "drift": fitted},
+                  judged=f"fitted from the saved truth_user runs ({len(read)} runs)")
+            return
         saved = runs()
     except NoHistory as e:
         print(f"fit_constants: the earlier user-path runs are read from git history, which this clone lacks ({e}): "
               "fetch the full history (git fetch --unshallow)", file=sys.stderr)
         sys.exit(2)
     results = [cross_validate(c, saved) for c in CONSTANTS]
-    write(args.results, {"runs": sorted({run for run, *_ in saved}), "constants": results},
+    write(args.results or "fit_constants", {"runs": sorted({run for run, *_ in saved}), "constants": results},
           judged=f"replay of the saved truth_user runs ({len(saved)} pair runs)")
     for r in results:
         print(f"\n{r['constant']} (committed {r['committed']}; moves {r['moves']})")

@@ -293,6 +293,14 @@ FIGURES: dict[str, tuple[str, Callable[[Any], str]]] = {
     "user.calls": ("truth_user.json", lambda d: _of(d, "calls_right", "calls")),
     "user.wrong_not_paying": ("truth_user.json", lambda d: str(int(num(d, "summary", "wrong_not_paying")))),
     "fit.runs": ("fit_constants.json", lambda d: str(len(d["runs"]))),
+    "fit.drift.value": ("fit_drift.json", lambda d: pct(num(d, "drift", "fitted"), 1)),
+    "fit.drift.runs": ("fit_drift.json", lambda d: str(len(d["runs"]))),
+    "fit.drift.chosen": ("fit_drift.json", lambda d: ", ".join(
+        f"{f['left_out']} {pct(f['chosen'], 1)}" for f in d["drift"]["folds"])),
+    "fit.drift.cv": ("fit_drift.json", lambda d: f"{d['drift']['cross_validated']['held']} of "
+                                                 f"{d['drift']['cross_validated']['moves']}"),
+    "fit.drift.former": ("fit_drift.json", lambda d: pct(num(d, "drift", "former", "value"), 1)),
+    "fit.drift.former_held": ("fit_drift.json", lambda d: f"{d['drift']['former']['held']} of {d['drift']['moves']}"),
     "expert.within": ("truth.json", lambda d: _of(d, "cells_within_10pct", "cells")),
     "expert.model_within": ("truth.json", lambda d: _of(d, "model_on_measured_runs_within_10pct", "cells")),
     "expert.verdicts": ("truth.json", lambda d: _of(d, "verdicts_right", "verdict_cells")),

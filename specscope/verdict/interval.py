@@ -43,11 +43,11 @@ def speedup_interval(snap: Snapshot, batch: int | None, k: int, c: float, measur
     # The plain step is priced from the baseline's median of its rounds, the speculative step from this window's
     # mean over its seconds: each as sure as its standard error. What neither shows, the machine's speed moving
     # between moments minutes apart (the baseline's and a restart's plain step, this window's and a restart's
-    # speculative step), is the drift assumed (measured on CPU machines).
+    # speculative step), is the drift fitted on CPU machines' runs.
     rounds = uncertainty.standard_error(near.spread, near.readings, median=True) if near is not None else 0.0
     window = uncertainty.standard_error(live.spread, live.readings) if live is not None else 0.0
-    drift = (uncertainty.SPEC_DRIFT, uncertainty.PLAIN_DRIFT) if near is not None else (0.0, 0.0)
-    apart = (drift[0] ** 2 + window ** 2 + drift[1] ** 2) ** 0.5
+    drift = uncertainty.DRIFT if near is not None else 0.0
+    apart = (drift ** 2 + window ** 2) ** 0.5
     spread = (rounds * rounds + apart * apart) ** 0.5
     if not resampled and not spread:
         return None, "", None, 0
@@ -72,7 +72,8 @@ def speedup_interval(snap: Snapshot, batch: int | None, k: int, c: float, measur
     if live is not None and window:
         over = f" over {live.readings} seconds" if live.readings else ""
         parts.append(f"the live steps' mean ±{window:.1%}{over}")
-    parts.append(f"the drift between moments assumed: speculative {drift[0]:.1%}, plain {drift[1]:.1%}")
+    if drift:
+        parts.append(f"the drift between moments ±{drift:.1%}, as CPU runs moved")
     steps = f"a {spread:.0%} spread of the step times' ratio ({'; '.join(parts)})" if spread else ""
     if resampled:
         basis = f"{uncertainty.COVERAGE:.0%} interval over {resampled} requests" + (f" and {steps}" if steps else "")

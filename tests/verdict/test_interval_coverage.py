@@ -9,9 +9,10 @@ Each of :data:`DRAWS` draws is a population of traffic and a machine, all known:
   draw, f the share of the draft's cost a step pays whatever its K, drawn from ``DRAFT_FIXED_RANGE`` (the range the
   interval assumes: one K's step time cannot tell it, and the running K's truth does not depend on it);
 - a machine on two time scales: its speed at each moment minutes apart a factor normal about 1, drifting exactly
-  as the interval assumes (the plain step's moments 4.6% apart root mean square, the speculative step's 6.5%:
-  ``uncertainty.PLAIN_DRIFT``, ``SPEC_DRIFT``), and within a moment a jitter from reading to reading (a round, a
-  second) with a relative spread drawn per draw from 1-20% (a quiet GPU's to a loaded CPU's).
+  as the interval takes it (each of the four moments, the calibration's, the predicting window's and the restart's
+  two, apart by half of ``uncertainty.DRIFT``, so that the step times' ratio moves by it between the moments
+  predicted from and the restart's), and within a moment a jitter from reading to reading (a round, a second) with a
+  relative spread drawn per draw from 1-20% (a quiet GPU's to a loaded CPU's).
   The calibration's three rounds (their median), the predicting window's seconds (their mean) and the restart's
   plain and speculative steps each run at a moment of their own; the restart's are long-run means (the truth).
 
@@ -19,8 +20,8 @@ The snapshot is built directly, holding what the hub's would (decode only, no pr
 requests, and ``estimate`` judges it. The truth is the population's tokens per step × the plain step / the
 speculative step, at the restart's moments. The stated 90% interval must hold it in 80-97% of the draws, at the
 running K and at K = 2 (a shorter K priced from the running one's positions, its step from c and the assumed fixed
-share). Found 2026-12-06 (the machine drawn once: each step time at its standard error, the drift as assumed):
-88% at K = 4, 94.5% at K = 2; 95%, 93%, 91%, 86.5% at K = 1, 3, 5, 6 (not asserted).
+share). Found 2026-12-06 (the machine drawn once: each step time at its standard error, the drift as fitted):
+89% at K = 4, 95% at K = 2; 94.5%, 93%, 91%, 87.5% at K = 1, 3, 5, 6 (not asserted).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from specscope.core.model import (
     Totals,
 )
 from specscope.verdict import estimate
-from specscope.verdict.uncertainty import DRAFT_FIXED_RANGE, PLAIN_DRIFT, SPEC_DRIFT
+from specscope.verdict.uncertainty import DRAFT_FIXED_RANGE, DRIFT
 
 K, BATCH, PLAIN_S, DRAWS, ROUNDS, SECONDS = 4, 8, 0.010, 200, 3, 30
 #: The Ks whose coverage is computed (the running K's is asserted).
@@ -106,7 +107,7 @@ def coverage() -> dict[int, float]:
     """The share of draws whose stated interval at each K in :data:`KS` holds the true speedup there."""
     rng = random.Random(47)
     held = dict.fromkeys(KS, 0)
-    plain_moment, spec_moment = PLAIN_DRIFT / 2 ** 0.5, SPEC_DRIFT / 2 ** 0.5  # two moments apart by the drift
+    plain_moment = spec_moment = DRIFT / 2  # four moments: the ratio's two ends apart by the drift
     for _ in range(DRAWS):
         mean, concentration = rng.uniform(0.4, 0.85), rng.uniform(3.0, 20.0)
         a, b = mean * concentration, (1.0 - mean) * concentration

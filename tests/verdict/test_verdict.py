@@ -651,7 +651,7 @@ def test_a_k0_range_has_an_interval_and_prices_k_above_0_from_the_requests() -> 
     low, high = est.interval  # type: ignore[misc]
     assert low < est.expected_speedup < high and not est.pays
     # 9% under plain: a loss, not a sure one, however steady the baseline's rounds (5% or 2% apart), the machine
-    # drifting between the baseline's moment and a restart's as assumed (6.5%, 4.6%). 20% under plain, a sure one.
+    # drifting between the baseline's moment and a restart's by the fitted 11.1%. 20% under plain, a sure one.
     assert high >= 1.0 and not est.surely_loses and "may not pay (its interval reaches 1.0x)" in explain(est)
     assert not at(0.02).surely_loses
     sure = at(0.02, pass_cost=0.25)
@@ -683,12 +683,12 @@ def test_the_not_paying_alert_can_fire_at_a_k0_range() -> None:
     assert Evaluator(near, rules=[rule], thresholds=Thresholds(weak_draft_for_s=0, window_s=600)).evaluate() == []
 
 
-def test_the_interval_takes_each_step_time_at_its_standard_error_and_the_drift_between_moments_as_assumed() -> None:
+def test_the_interval_takes_each_step_time_at_its_standard_error_and_the_drift_between_moments_as_fitted() -> None:
     """Issue 47: the machine is drawn once. The live steps' mean is as sure as its seconds make it (±10% from one
     second to the next over 20 seconds: ±2.3%), the baseline's median as its rounds make it (12% apart over nine
     rounds: ±5%; a baseline file that does not say how many, as unsure as one round); what neither shows, the
-    machine moving between moments minutes apart, is the drift assumed (uncertainty.SPEC_DRIFT, PLAIN_DRIFT), on a
-    steady machine too. Context-driven step times are not taken for jitter (before, each spread stood for the drift
+    machine moving between moments minutes apart, is the drift fitted on saved runs (uncertainty.DRIFT), on a steady
+    machine too. Context-driven step times are not taken for jitter (before, each spread stood for the drift
     between moments as well, and a jittery machine's intervals came out two to three times too wide)."""
     from specscope.core.counts import moment_spread
 
@@ -732,14 +732,14 @@ def test_the_interval_takes_each_step_time_at_its_standard_error_and_the_drift_b
     assert steady_steps.spread == 0.0 and moving_steps.spread == pytest.approx(0.1, rel=0.06)  # ± the fit's dof
     assert moving_steps.readings == 20 and steady_steps.readings == 0
     assert steady.expected_speedup == pytest.approx(moved.expected_speedup)  # the same mean step time
-    assumed = "the drift between moments assumed: speculative 6.5%, plain 4.6%"
-    assert f"ratio ({assumed})" in explain(steady)
-    assert f"the live steps' mean ±{moving_steps.spread / 20 ** 0.5:.1%} over 20 seconds; {assumed}" in explain(moved)
+    drift = "the drift between moments ±11.1%, as CPU runs moved"
+    assert f"ratio ({drift})" in explain(steady)
+    assert f"the live steps' mean ±{moving_steps.spread / 20 ** 0.5:.1%} over 20 seconds; {drift}" in explain(moved)
     assert 1.0 < width(moved) / width(steady) < 1.1
     _, nine = run(0.0, rounds_spread=0.12, rounds=9)
     _, unknown = run(0.0, rounds_spread=0.12)
-    assert f"the baseline's median ±5.0% over 9 rounds; {assumed}" in explain(nine)
-    assert f"the baseline's median ±12.0%; {assumed}" in explain(unknown)
+    assert f"the baseline's median ±5.0% over 9 rounds; {drift}" in explain(nine)
+    assert f"the baseline's median ±12.0%; {drift}" in explain(unknown)
     assert width(steady) < width(nine) < width(unknown)
 
 def test_an_engine_that_manages_k_itself_gets_no_schedule_and_its_drafted_k_is_reported(tmp_path: Path) -> None:
