@@ -240,18 +240,20 @@ def ratio_move(result: dict[str, Any], batch: str) -> float | None:
     return (priced / then) / (served / now) - 1.0 if then and now and priced and served else None
 
 
+#: The half-width of a standard normal's central :data:`uncertainty.COVERAGE` (1.645 at 90%).
+BAND = statistics.NormalDist().inv_cdf(0.5 + uncertainty.COVERAGE / 2)
+
+
 def spread_holding(moves: list[float]) -> float:
     """The normal spread whose central :data:`uncertainty.COVERAGE` holds that share of ``moves``: their percentile
-    of size at it over the normal's (1.645 at 90%)."""
-    z = statistics.NormalDist().inv_cdf(0.5 + uncertainty.COVERAGE / 2)
+    of size at it over :data:`BAND`."""
     size = sorted(abs(m) for m in moves)
-    return size[round(uncertainty.COVERAGE * (len(size) - 1))] / z
+    return size[round(uncertainty.COVERAGE * (len(size) - 1))] / BAND
 
 
 def held(moves: list[float], spread: float) -> int:
     """How many of ``moves`` the central :data:`uncertainty.COVERAGE` of a normal ``spread`` holds."""
-    z = statistics.NormalDist().inv_cdf(0.5 + uncertainty.COVERAGE / 2)
-    return sum(abs(m) <= z * spread for m in moves)
+    return sum(abs(m) <= BAND * spread for m in moves)
 
 
 def fit_drift(by_pair: dict[str, list[float]], committed: float) -> dict[str, Any]:

@@ -107,24 +107,24 @@ def coverage() -> dict[int, float]:
     """The share of draws whose stated interval at each K in :data:`KS` holds the true speedup there."""
     rng = random.Random(47)
     held = dict.fromkeys(KS, 0)
-    plain_moment = spec_moment = DRIFT / 2  # four moments: the ratio's two ends apart by the drift
+    moment = DRIFT / 2  # each of four moments: the ratio's two ends apart by the drift
     for _ in range(DRAWS):
         mean, concentration = rng.uniform(0.4, 0.85), rng.uniform(3.0, 20.0)
         a, b = mean * concentration, (1.0 - mean) * concentration
         c, fixed, jitter = rng.uniform(0.03, 0.3), rng.uniform(*DRAFT_FIXED_RANGE), rng.uniform(0.01, 0.2)
         step = {j: PLAIN_S * (1.0 + j * c + fixed * c * (K - j)) for j in KS}
-        calibration = speed(rng, plain_moment)
+        calibration = speed(rng, moment)
         rounds = [PLAIN_S * calibration * speed(rng, jitter) for _ in range(ROUNDS)]
         baseline = StepProfile((StepTime(BATCH, 50 * ROUNDS, statistics.median(rounds), readings=ROUNDS,
                                          spread=statistics.stdev(rounds) / statistics.fmean(rounds)),), "simulated")
-        window = speed(rng, spec_moment)
+        window = speed(rng, moment)
         seconds = [window * speed(rng, jitter) for _ in range(SECONDS)]
         snap = snapshot(histograms(rng, rng.randint(40, 60), a, b), step[K] * statistics.fmean(seconds),
                         statistics.stdev(seconds) / statistics.fmean(seconds), baseline)
         est = estimate(snap, batch_size=BATCH)
         assert est is not None and est.measured and est.interval == (est.low[K], est.high[K])
         for j in KS:
-            truth = tokens_per_step(j, a, b) * PLAIN_S * speed(rng, plain_moment) / (step[j] * speed(rng, spec_moment))
+            truth = tokens_per_step(j, a, b) * PLAIN_S * speed(rng, moment) / (step[j] * speed(rng, moment))
             held[j] += est.low[j] <= truth <= est.high[j]
     return {j: n / DRAWS for j, n in held.items()}
 
