@@ -215,7 +215,8 @@ class Demo:
             if adv_rounds is not None and batch in promised["advice"]:
                 same = f" (K={GOOD_K} here: the rounds above)" if config is not None and batch not in other else ""
                 self.say(f"3/5 good draft at batch {batch}: its advice measured {statistics.median(adv_rounds):.2f}x, "
-                         f"predicted before {_promise(promised['advice'][batch])}{same}")
+                         f"predicted before {_promise(promised['advice'][batch])}{same}"
+                         + ("" if config is None else "; rounds " + ", ".join(f"{x:.2f}x" for x in adv_rounds)))
 
     def _engine_with(self, config: dict[str, Any]) -> Any:
         """The good pair configured as specscope advised (off screen, on a hub of its own)."""

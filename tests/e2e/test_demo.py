@@ -63,6 +63,14 @@ def test_headless_demo_fires_what_each_scenario_is_about(engines: Any, tmp_path:
     # Its advice was followed as vLLM takes it and measured, beside what was promised for it.
     advice = _cells(r"good draft at batch (\d+): its advice measured ([\d.]+)x, predicted before [^:]+: ([\d.]+)x", out)
     assert set(advice) == {1, 16}, out
+    # What holds with a wide margin: where the advice promised 1.3x or more, followed (a schedule vLLM accepted, or
+    # K=6 where it keeps K=6) it pays in every round. How close each promise comes (far from the running K the model
+    # over-values a large K) is the truth benchmark's to say (bench_truth_user.py --fresh, the advice as vLLM takes it).
+    followed = {int(b): [float(x) for x in re.findall(r"([\d.]+)x", rounds)]
+                for b, rounds in re.findall(r"good draft at batch (\d+): its advice measured .*; rounds (.*)", out)}
+    for b, (_, promised) in advice.items():
+        if promised >= 1.3:
+            assert followed.get(b) and min(followed[b]) > 1.0, (b, advice[b], followed.get(b), out)
     by_batch = dict(re.findall(r"(\d+): ([\d.]+)x", re.search(r"by batch size (.*?);", sections[
         good]).group(1)))  # type: ignore[union-attr]
     assert float(by_batch["1"]) > 1.2 and float(by_batch["1"]) > float(by_batch["16"])
