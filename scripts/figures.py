@@ -417,6 +417,19 @@ FIGURES["fresh_all.wrong_not_paying"] = (ALL_FRESH, lambda docs: str(sum(
 FIGURES["fresh_all.runs"] = (ALL_FRESH, lambda docs: str(len(docs)))
 
 
+def _bias(docs: list[Any], batch: int) -> str:
+    """The point's mean error at ``batch`` over every fresh cell, by K: "K=1 +2.1%, K=2 +3.3%, ..."."""
+    errors: dict[int, list[float]] = {}
+    for d in docs:
+        for cell in (c for r in d["pairs"].values() for c in r["cells"]):
+            if cell["batch"] == batch and cell.get("predicted") is not None:
+                errors.setdefault(int(cell["k"]), []).append(float(cell["error"]))
+    return ", ".join(f"K={k} {100 * sum(e) / len(e):+.1f}%" for k, e in sorted(errors.items()))
+
+
+FIGURES |= {f"fresh_all.bias_b{b}": (ALL_FRESH, lambda docs, b=b: _bias(docs, b)) for b in (1, 4, 16)}
+
+
 def render(name: str, results: Path, cache: dict[str, Any]) -> str:
     """The text of figure ``name`` from the results in ``results``."""
     if name not in FIGURES:
