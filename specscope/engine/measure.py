@@ -81,18 +81,6 @@ def measure_step_times(llm: Any, batch_sizes: Sequence[int], tokens: int = 64, r
                        median_moments(measured[0], times))
 
 
-def live_baseline(calibrated: StepProfile, live: StepProfile) -> StepProfile:
-    """A baseline from a plain engine's live steps (``live``: their mean and context), run alternately with the
-    speculative engine it prices on the same traffic, so both are timed on the machine as it is at that moment (a
-    CPU shared with other work drifts by 10-30% between moments minutes apart), with ``calibrated``'s context slope
-    and rounds' spread. It carries no fit of the forward: timed at this moment, it needs no anchor to the machine's
-    speed, which would only add the fit's error."""
-    slopes = {t.batch_size: t for t in calibrated.times}
-    rows = tuple(replace(t, context_slope=c.context_slope, spread=c.spread) if (c := slopes.get(t.batch_size)) else t
-                 for t in live.times if t.steps)
-    return StepProfile(rows, "the plain engine, alternated with this one on the same traffic", calibrated.setup)
-
-
 def sloped_rows(reference: Sequence[StepProfile], contrast: Sequence[StepProfile],
                 batch_sizes: Collection[int]) -> list[StepTime]:
     """The rows of ``reference``'s rounds (:func:`median_rows`), each with the slope over context to ``contrast``'s
