@@ -429,6 +429,48 @@ def _bias(docs: list[Any], batch: int) -> str:
 
 
 FIGURES |= {f"fresh_all.bias_b{b}": (ALL_FRESH, lambda docs, b=b: _bias(docs, b)) for b in (1, 4, 16)}
+#: The K a fresh run predicted from, as its workload states it ("predicted from one K=4 run").
+RUNNING_K = re.compile(r"predicted from one K=(\d+) run")
+
+
+def _advice_cells(docs: list[Any]) -> list[tuple[int, int, bool, bool]]:
+    """Every fresh run's advice at each batch size: (the K its schedule ran there, the running K, within 5% of the
+    best fixed K, the fixed engine at the advice's K within 5% of that best too)."""
+    out = []
+    for d in docs:
+        match = RUNNING_K.search(d["workload"])
+        if match is None:
+            raise ValueError("no running K in the workload")
+        for r in d["pairs"].values():
+            config = (r.get("advice") or {}).get("config") or {}
+            ranges = config.get("num_speculative_tokens_per_batch_size")
+            fixed = {(c["k"], c["batch"]): c["measured"] for c in r["cells"]}
+            for batch, got in (r.get("advice") or {}).get("by_batch", {}).items():
+                b = int(batch)
+                k = next((k for lo, hi, k in ranges if lo <= b <= hi), ranges[-1][2]) if ranges else \
+                    int(config.get("num_speculative_tokens", 0))
+                same = fixed.get((k, b)) is not None and fixed[(k, b)] >= 0.95 * got["best"]
+                out.append((k, int(match.group(1)), bool(got["within_5pct"]), same))
+    return out
+
+
+def _advice_reach(docs: list[Any], name: str) -> str:
+    """How far the advice holds where it extrapolates over K: ``above`` (its K above the running one: "X of N"),
+    ``above_ks`` (those K: "5-16"), ``within`` (at most the running K), ``within_same_k`` (its misses there where
+    the fixed engine at its K met the best: two measurements of one K apart)."""
+    cells = _advice_cells(docs)
+    above = [c for c in cells if c[0] > c[1]]
+    if name == "above_ks":
+        return f"{min(c[0] for c in above)}{DASH}{max(c[0] for c in above)}"
+    if name == "within_same_k":
+        misses = [c for c in cells if c[0] <= c[1] and not c[2]]
+        return f"{sum(c[3] for c in misses)} of {len(misses)}"
+    chosen = above if name == "above" else [c for c in cells if c[0] <= c[1]]
+    return f"{sum(c[2] for c in chosen)} of {len(chosen)}"
+
+
+FIGURES |= {f"fresh_all.advice_{name}": (ALL_FRESH, lambda docs, name=name: _advice_reach(docs, name))
+            for name in ("above", "above_ks", "within", "within_same_k")}
 
 
 def render(name: str, results: Path, cache: dict[str, Any]) -> str:
