@@ -51,10 +51,13 @@ def test_evaluate_ranks_the_paying_drafts_first_and_tells_the_weak_one_to_run_wi
     assert ran["prose"] > 0 and ran["chat"] > 0 and doc["prompts"]["ran"] == sum(ran.values()) <= 24
     assert f"{doc['prompts']['ran']} distinct prompts run" in r.out
     cands = {c["name"]: c for c in doc["candidates"]}
-    # The layer-0 draft and the EAGLE-3 head both pay, and rank above n-gram and the unrelated draft. Between the two
-    # the order is the machine's: one round of 2.5 s windows scored both 1.61x in a CI run on a slow day (the head
-    # first, its K=2 at batch 1 measured 2.02x against the draft's 1.83x).
-    assert set(doc["ranking"][:2]) == {good, head} and set(doc["ranking"]) == {good, weak, head, "ngram"}
+    # Ranked by the measured score: the layer-0 draft and the head pay, the unrelated draft does not and comes last.
+    # The order among the paying ones is the machine's: one round of 2.5 s windows scored the head and the layer-0 draft
+    # 1.61x each in one CI run, and in another n-gram 1.39x over the head's 1.36x (its K=2 at batch 1 1.48x, 2.02x
+    # in the run before), on slow days.
+    scores = [cands[name]["score"] for name in doc["ranking"]]
+    assert set(doc["ranking"]) == {good, weak, head, "ngram"} and scores == sorted(scores, reverse=True)
+    assert doc["ranking"][-1] == weak and min(cands[good]["score"], cands[head]["score"]) > 1.0 > cands[weak]["score"]
     assert cands[head]["method"] == "eagle3" and cands[head]["tokenizer"] is None
     assert cands[head]["schedule"]["best"]["1"]["best_speedup"] > 1.2
     for name, c in cands.items():
