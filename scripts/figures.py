@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from specscope.verdict.schedule import scheduled_k
+
 ROOT = Path(__file__).resolve().parent.parent
 
 def documents(root: Path) -> list[str]:
@@ -442,13 +444,11 @@ def _advice_cells(docs: list[Any]) -> list[tuple[int, int, bool, bool]]:
         if match is None:
             raise ValueError("no running K in the workload")
         for r in d["pairs"].values():
-            config = (r.get("advice") or {}).get("config") or {}
-            ranges = config.get("num_speculative_tokens_per_batch_size")
+            advice = r.get("advice") or {}
             fixed = {(c["k"], c["batch"]): c["measured"] for c in r["cells"]}
-            for batch, got in (r.get("advice") or {}).get("by_batch", {}).items():
+            for batch, got in advice.get("by_batch", {}).items():
                 b = int(batch)
-                k = next((k for lo, hi, k in ranges if lo <= b <= hi), ranges[-1][2]) if ranges else \
-                    int(config.get("num_speculative_tokens", 0))
+                k = scheduled_k(advice.get("config"), b)
                 same = fixed.get((k, b)) is not None and fixed[(k, b)] >= 0.95 * got["best"]
                 out.append((k, int(match.group(1)), bool(got["within_5pct"]), same))
     return out

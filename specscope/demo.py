@@ -159,7 +159,7 @@ class Demo:
         only one) and says what each batch size will run at, at K=6 and at the K it advises; then both are measured
         against the plain engine on sample B, prompts neither engine saw."""
         from specscope.engine.measure import serve_until_row
-        from specscope.verdict import config_text, estimate, recommended_config
+        from specscope.verdict import config_text, estimate, recommended_config, scheduled_k
 
         self.show(SCENARIOS[2])
         self.say(f"3/5 good draft: serving sample A at batch {' and '.join(map(str, BATCHES))}: what specscope "
@@ -179,7 +179,7 @@ class Demo:
             if est is None:
                 continue
             promised["running"][batch] = (GOOD_K, est.expected_speedup, est.interval)
-            k = _scheduled_k(config, batch)
+            k = scheduled_k(config, batch)
             if k == 0 and config is None:  # speculation removed: the plain engine's speed
                 promised["advice"][batch] = (0, 1.0, None)
             elif k == 0:
@@ -195,7 +195,7 @@ class Demo:
         self._close(llm)
         # Where the advice runs K=6 the running engine's rounds are its measurement (the same K at that batch size,
         # so the same steps); it is started and measured only at the batch sizes where it runs another K.
-        other = [b for b in BATCHES if _scheduled_k(config, b) != GOOD_K]
+        other = [b for b in BATCHES if scheduled_k(config, b) != GOOD_K]
         followed = {b: r for b, r in running.items() if b not in other}
         if config is not None and other:
             self.say(f"3/5 good draft: starting the advice as vLLM takes it ({config_text(config)}), measuring it "
@@ -276,16 +276,6 @@ class Demo:
         mix += [(h, "hard") for h in rest]
         steady_throughput(llm, 8, 12.0, [p for p, _ in mix], 48, [c for _, c in mix])
         self._close(llm)
-
-
-def _scheduled_k(config: dict[str, Any] | None, batch: int) -> int:
-    """The K vLLM runs at ``batch`` under ``config`` (0 where it is None: speculation removed)."""
-    if config is None:
-        return 0
-    ranges = config.get("num_speculative_tokens_per_batch_size")
-    if not ranges:
-        return int(config["num_speculative_tokens"])
-    return next((k for lo, hi, k in ranges if lo <= batch <= hi), int(ranges[-1][2]))
 
 
 def _promise(promise: tuple[int, float, tuple[float, float] | None] | None) -> str:

@@ -48,6 +48,7 @@ from specscope.verdict.schedule import (
     recommended_config,
     schedule_config,
     schedule_text,
+    scheduled_k,
 )
 from specscope.verdict.speedup import (
     LOSSY_CAVEAT,
@@ -66,6 +67,7 @@ __all__ = [
     "baseline_problem", "by_batch_line", "by_batch_size", "class_speedup", "config_text", "cost_ratio_from_sizes",
     "estimate", "explain", "k0_decode", "k_ranges", "k_schedule", "k_table", "load_profile", "measured_cost",
     "merge_profiles",
-    "monotone_between", "recommended_config", "save_profile", "schedule_config", "schedule_text", "traffic_speedup",
+    "monotone_between", "recommended_config", "save_profile", "schedule_config", "schedule_text", "scheduled_k",
+    "traffic_speedup",
     "usable_baseline", "verify_cost", "with_baseline",
 ]

@@ -122,6 +122,16 @@ def recommended_config(snap: Snapshot) -> dict[str, Any] | None:
     return schedule_config(k_schedule(snap))
 
 
+def scheduled_k(config: dict[str, Any] | None, batch: int) -> int:
+    """The K vLLM runs at ``batch`` under a recommended ``config`` (0 where it is None: speculation removed)."""
+    if config is None:
+        return 0
+    ranges = config.get("num_speculative_tokens_per_batch_size")
+    if not ranges:
+        return int(config["num_speculative_tokens"])
+    return next((k for lo, hi, k in ranges if lo <= batch <= hi), int(ranges[-1][2]))
+
+
 def config_text(config: dict[str, Any]) -> str:
     """A recommended config in a line: the schedule's ranges, or the one K."""
     ranges = config.get("num_speculative_tokens_per_batch_size")
