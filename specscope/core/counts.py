@@ -333,44 +333,72 @@ class Counts:
 
 #: Seconds with decode steps at a batch size that its moment-to-moment spread is drawn from (fewer: unknown).
 MIN_SPREAD_SECONDS = 5
+_PROMPT_TOKENS = SCALARS.index("prompt_tokens")
 
 
-def moment_spread(seconds: Sequence[tuple[float, float, float]]) -> float:
+def moment_spread(seconds: Sequence[tuple[float, float, float, float]]) -> float:
     """How much a batch size's decode-step time moves from one second to the next, relative to its mean: from each
-    second's ``(steps, seconds in them, context summed over them)``, the step-weighted standard deviation of the
-    seconds' mean step times about a least-squares line in their mean context (a second of longer contexts is
-    slower for a reason), over the mean; 0.0 (unknown) with fewer than :data:`MIN_SPREAD_SECONDS` seconds.
+    second's ``(steps, seconds in them, context summed over them, prompt tokens prefilled in it)``, the
+    step-weighted standard deviation of the seconds' mean step times about what the workload explains, over the
+    mean; 0.0 (unknown) with fewer than :data:`MIN_SPREAD_SECONDS` seconds.
 
-    A baseline timed at another moment differs from now by about this much (the machine's speed moves: other
-    work on the host, clocks, a neighbour's traffic), which its own calibration rounds, back to back, do not see.
+    The workload's part is a least-squares plane in the seconds' mean context (a second of longer contexts is
+    slower for a reason) and their prompt tokens (the prompts' own steps are timed apart, as prefill, but share the
+    machine with the decode steps beside them), each slope at least 0: a second is not faster for attending over
+    more tokens or prefilling more of them. What is left is the machine's: a baseline timed at another moment
+    differs from now by about this much (other work on the host, clocks, a neighbour's traffic), which its own
+    calibration rounds, back to back, do not see.
     """
-    rows = [(n, t / n, c / n) for n, t, c in seconds if n > 0]
+    rows = [(n, t / n, c / n, p) for n, t, c, p in seconds if n > 0]
     if len(rows) < MIN_SPREAD_SECONDS:
         return 0.0
-    w = sum(n for n, _, _ in rows)
-    y0 = sum(n * y for n, y, _ in rows) / w
-    x0 = sum(n * x for n, _, x in rows) / w
-    sxx = sum(n * (x - x0) ** 2 for n, _, x in rows)
-    slope = max(0.0, sum(n * (x - x0) * (y - y0) for n, y, x in rows) / sxx) if sxx > 1e-9 * w * (x0 * x0 + 1) \
-        else 0.0
-    resid = sum(n * (y - y0 - slope * (x - x0)) ** 2 for n, y, x in rows) / w
-    fitted = 2 if slope else 1
+    w = sum(r[0] for r in rows)
+    y0, c0, p0 = (sum(r[0] * r[i] for r in rows) / w for i in (1, 2, 3))
+    centred = [(n, y - y0, c - c0, p - p0) for n, y, c, p in rows]
+    slopes = _nonnegative_fit(centred, w, (c0, p0))
+    resid = sum(n * (y - slopes[0] * c - slopes[1] * p) ** 2 for n, y, c, p in centred) / w
+    fitted = 1 + sum(1 for s in slopes if s)
     return (resid * len(rows) / (len(rows) - fitted)) ** 0.5 / y0 if y0 > 0 else 0.0
 
 
-def batch_seconds(rings: Sequence[Ring], now: int, window: int) -> dict[int, list[tuple[float, float, float]]]:
-    """Per batch size, each second's decode ``(steps, seconds, context sum)`` over ``rings`` (engines summed), for
-    :func:`moment_spread`."""
+def _nonnegative_fit(centred: Sequence[tuple[float, float, float, float]], w: float,
+                     means: tuple[float, float]) -> tuple[float, float]:
+    """The slopes of the weighted least-squares fit of centred ``(weight, y, x1, x2)`` rows' y on x1 and x2 with
+    both at least 0 (0 for a regressor that does not move): the fit of the smallest residual among the two-, one-
+    and no-regressor fits whose slopes are all at least 0."""
+    sxx = [[sum(r[0] * r[i] * r[j] for r in centred) for j in (2, 3)] for i in (2, 3)]
+    sxy = [sum(r[0] * r[i] * r[1] for r in centred) for i in (2, 3)]
+    moving = [sxx[i][i] > 1e-9 * w * (means[i] ** 2 + 1) for i in (0, 1)]
+    # Each candidate's residual sum of squares, less Σ n·y² (the same for all): minus what its slopes explain.
+    candidates: list[tuple[float, tuple[float, float]]] = [(0.0, (0.0, 0.0))]
+    for i in (0, 1):
+        if moving[i] and sxy[i] > 0:
+            slope = sxy[i] / sxx[i][i]
+            candidates.append((-slope * sxy[i], (slope, 0.0) if i == 0 else (0.0, slope)))
+    det = sxx[0][0] * sxx[1][1] - sxx[0][1] ** 2
+    if all(moving) and det > 1e-12 * sxx[0][0] * sxx[1][1]:  # else the two move together: one stands for both
+        both = ((sxy[0] * sxx[1][1] - sxy[1] * sxx[0][1]) / det, (sxx[0][0] * sxy[1] - sxx[0][1] * sxy[0]) / det)
+        if min(both) >= 0:
+            candidates.append((-(both[0] * sxy[0] + both[1] * sxy[1]), both))
+    return min(candidates, key=lambda c: c[0])[1]
+
+
+def batch_seconds(rings: Sequence[Ring], now: int, window: int) -> dict[int, list[tuple[float, float, float, float]]]:
+    """Per batch size, each second's decode ``(steps, seconds, context sum, prompt tokens)`` over ``rings``
+    (engines summed; the prompt tokens are the second's, at every batch size), for :func:`moment_spread`."""
     per_second: dict[int, dict[int, list[float]]] = {}
+    prompts: dict[int, float] = {}
     for ring in rings:
         for second, counts in ring.seconds_of(now, window):
+            prompts[second] = prompts.get(second, 0.0) + counts.scalars[_PROMPT_TOKENS]
             for b, row in counts.batches.items():
                 if row[DECODE_STEPS]:
                     cell = per_second.setdefault(b, {}).setdefault(second, [0.0, 0.0, 0.0])
                     cell[0] += row[DECODE_STEPS]
                     cell[1] += row[DECODE_S]
                     cell[2] += row[DECODE_CONTEXT]
-    return {b: [(n, t, c) for n, t, c in by_second.values()] for b, by_second in per_second.items()}
+    return {b: [(n, t, c, prompts[second]) for second, (n, t, c) in by_second.items()]
+            for b, by_second in per_second.items()}
 
 
 class Ring:

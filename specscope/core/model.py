@@ -131,7 +131,7 @@ class StepTime:
     #: (:func:`specscope.engine.measure.measure_step_times`); 0.0 where not measured.
     context_slope: float = field(default=0.0, metadata={"combine": "mean", "weight": "steps"})
     #: The relative spread of ``mean_s`` between its readings (standard deviation / mean): a baseline's calibration
-    #: rounds, the live steps' seconds (about the context's line); 0.0 where unknown.
+    #: rounds, the live steps' seconds (about what their context and prompt tokens explain); 0.0 where unknown.
     spread: float = field(default=0.0, metadata={"combine": "mean", "weight": "steps"})
     #: How many readings ``spread`` is over: how sure ``mean_s`` is (their standard error); 0 where unknown.
     readings: int = field(default=0, metadata={"combine": "keep"})

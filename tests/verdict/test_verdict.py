@@ -692,12 +692,12 @@ def test_the_interval_takes_each_step_time_at_its_standard_error_and_the_drift_b
     between moments as well, and a jittery machine's intervals came out two to three times too wide)."""
     from specscope.core.counts import moment_spread
 
-    assert moment_spread([(50, 50 * 0.01, 50 * 100.0)] * 10) == 0.0  # steady
-    assert moment_spread([(50, 50 * 0.01, 0.0)] * 4) == 0.0  # too few seconds to tell: unknown
-    moving = [(50, 50 * (0.011 if i % 2 else 0.009), 50 * 100.0) for i in range(10)]
+    assert moment_spread([(50, 50 * 0.01, 50 * 100.0, 0.0)] * 10) == 0.0  # steady
+    assert moment_spread([(50, 50 * 0.01, 0.0, 0.0)] * 4) == 0.0  # too few seconds to tell: unknown
+    moving = [(50, 50 * (0.011 if i % 2 else 0.009), 50 * 100.0, 0.0) for i in range(10)]
     assert moment_spread(moving) == pytest.approx(0.1 * (10 / 9) ** 0.5)
     # Longer contexts, slower steps, on a line: the context explains it all.
-    assert moment_spread([(50, 50 * (0.01 + 1e-6 * c), 50.0 * c) for c in range(100, 1100, 100)]) == \
+    assert moment_spread([(50, 50 * (0.01 + 1e-6 * c), 50.0 * c, 0.0) for c in range(100, 1100, 100)]) == \
         pytest.approx(0.0, abs=1e-9)
 
     def run(swing: float, rounds_spread: float = 0.0, rounds: int = 0) -> Any:
@@ -741,6 +741,52 @@ def test_the_interval_takes_each_step_time_at_its_standard_error_and_the_drift_b
     assert f"the baseline's median ±5.0% over 9 rounds; {drift}" in explain(nine)
     assert f"the baseline's median ±12.0%; {drift}" in explain(unknown)
     assert width(steady) < width(nine) < width(unknown)
+
+def test_decode_steps_slowed_by_the_prompts_prefilled_beside_them_are_the_workloads_not_the_machines() -> None:
+    """Issue 47: where long prompts' prefill steps mix with decode steps, the decode steps of a second that prefilled
+    more prompt tokens run slower (the prefill shares the machine); that spread is the workload's, modelled by the
+    second's prompt tokens beside its context, not counted as the machine's jitter. A slope the seconds do not bear
+    out (more prompts, faster steps) is not fitted: the jitter stays the machine's."""
+    from specscope.core.counts import moment_spread
+
+    # Decode steps 20% slower in the seconds that prefilled 400 prompt tokens: all of it the prompts'.
+    prefilling = [(50, 50 * 0.01 * (1.2 if i % 2 else 1.0), 50 * 100.0, 400.0 if i % 2 else 0.0) for i in range(10)]
+    assert moment_spread(prefilling) == pytest.approx(0.0, abs=1e-9)
+    assert moment_spread([(n, t, c, 0.0) for n, t, c, _ in prefilling]) > 0.09  # unexplained: taken for jitter
+    # With context moving too, both are fitted at once; jitter on top of them is left as it was.
+    both = [(50, 50 * (0.01 + 2e-5 * (i % 3) * 100 + 1e-6 * p), 50 * (100.0 + 100 * (i % 3)), p)
+            for i, p in enumerate([0.0, 300.0, 800.0, 0.0, 500.0, 100.0, 700.0, 0.0, 200.0, 600.0])]
+    assert moment_spread(both) == pytest.approx(0.0, abs=1e-9)
+    jitter = [(n, t * (1.05 if i % 2 else 0.95), c, p) for i, (n, t, c, p) in enumerate(both)]
+    assert 0.03 < moment_spread(jitter) < 0.07
+    # Seconds that prefilled more ran faster: no such slope is fitted, so the prompts explain nothing away.
+    faster = [(n, t, c, 0.0 if i % 2 else 400.0) for i, (n, t, c, _) in enumerate(prefilling)]
+    assert moment_spread(faster) == pytest.approx(moment_spread([(n, t, c, 0.0) for n, t, c, _ in prefilling]))
+
+    def steps(slower: float) -> StepTime:
+        """Twenty seconds at batch 4, every other one prefilling a 400-token prompt in a step of its own, the
+        decode steps of those seconds ``slower``."""
+        clock = Clock()
+        hub = Hub(clock=clock, window_s=600)
+        hub.set_engine(EngineInfo(num_speculative_tokens=4, method="draft_model", setup=SETUP))
+        for second in range(20):
+            clock.t = 1000 + second
+            if second % 2:
+                hub.record_step(StepStats(running=4, waiting=0, prompt_tokens=400, generation_tokens=4, batch=4,
+                                          prefill=True, first_tokens=1, first_token_s=0.05))
+            for i in range(20):
+                clock.t = 1000 + second + 0.1 + i * 0.04
+                hub.record_step(StepStats(running=4, waiting=0, generation_tokens=12, batch=4,
+                                          decode_s=0.03 * (1 + slower * (second % 2)), num_spec_tokens=4, drafts=4,
+                                          draft_tokens=16, accepted=8, accepted_per_pos=[4, 2, 1, 1],
+                                          draft_tokens_per_pos=[4, 4, 4, 4], rejections=4))
+        hub.wait_idle()
+        return hub.snapshot().window.step_times.get(4, 1)
+
+    assert steps(0.0).spread == pytest.approx(0.0, abs=1e-9)
+    slowed = steps(0.2)
+    assert slowed.prefill_steps == 10 and slowed.spread == pytest.approx(0.0, abs=1e-9)
+
 
 def test_an_engine_that_manages_k_itself_gets_no_schedule_and_its_drafted_k_is_reported(tmp_path: Path) -> None:
     """Issue 26.8: with vLLM's enable_adaptive_verification the engine sizes each request's verification; a
