@@ -32,7 +32,7 @@ FRESH = {"fresh": "truth_fresh_56479.json", "fresh2": "truth_fresh_282999.json",
          "fresh6": "truth_fresh_282999_draft0.json", "fresh7": "truth_fresh_282999_eagle3.json",
          "fresh8": "truth_fresh_356101_ngram.json", "fresh9": "truth_fresh_356101_draft0.json",
          "fresh10": "truth_fresh_356101_draft1.json", "fresh11": "truth_fresh_356101_eagle3.json",
-         "fresh12": "truth_fresh_56479_ngram.json"}
+         "fresh12": "truth_fresh_56479_ngram.json", "fresh13": "truth_fresh_56479_draft1.json"}
 DASH = "\u2013"  # the docs' range dash
 MARK = re.compile(r"<!-- fig ([\w.-]+) -->([^<]*)<!-- /fig -->")
 
@@ -319,6 +319,10 @@ FIGURES: dict[str, tuple[str, Callable[[Any], str]]] = {
     "expert.advice_misses": ("truth.json", lambda d: "; ".join(
         f"{r['pair']} at batch {r['batch']} (K={r['recommended']}, {r['throughput_vs_best']:.3f} of "
         f"K={r['best_measured']})" for r in d["summary"]["recommended_k"] if r["throughput_vs_best"] < 0.95) or "none"),
+    "spread_prefill.spreads": ("spread_prefill.json", lambda d: span(
+        [num(d, s, b, "spread_context_only") for s in ("chat", "rag") for b in d[s]], lambda v: pct(v, 1))),
+    "spread_prefill.ratios": ("spread_prefill.json", lambda d: span(
+        [num(d, s, b, "ratio") for s in ("chat", "rag") for b in d[s]], lambda v: f"{v:.2f}")),
     "drift.windows": ("drift.json", lambda d: str(int(num(d, "windows")))),
     "drift.step_ms": ("drift.json", lambda d: f"{num(d, 'step_ms', 'min'):.1f}{DASH}{num(d, 'step_ms', 'max'):.1f}"),
     "drift.off_10": ("drift.json", lambda d: _and(
