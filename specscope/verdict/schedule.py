@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specscope.core.model import Snapshot
+from specscope.core.model import EngineInfo, Snapshot
 from specscope.verdict.speedup import by_batch_size, estimate
 from specscope.verdict.traffic import flapping
 from specscope.verdict.vllm_policy import one_k_reason
@@ -123,13 +123,14 @@ def recommended_config(snap: Snapshot) -> dict[str, Any] | None:
 
 
 def scheduled_k(config: dict[str, Any] | None, batch: int) -> int:
-    """The K vLLM runs at ``batch`` under a recommended ``config`` (0 where it is None: speculation removed)."""
+    """The K vLLM runs at ``batch`` under a recommended ``config`` (0 where it is None: speculation removed), as an
+    engine configured with it drafts (:meth:`EngineInfo.k_at`)."""
     if config is None:
         return 0
-    ranges = config.get("num_speculative_tokens_per_batch_size")
-    if not ranges:
-        return int(config["num_speculative_tokens"])
-    return next((k for lo, hi, k in ranges if lo <= batch <= hi), int(ranges[-1][2]))
+    ranges = config.get("num_speculative_tokens_per_batch_size") or ()
+    engine = EngineInfo(num_speculative_tokens=int(config["num_speculative_tokens"]),
+                        k_schedule=tuple((int(lo), int(hi), int(k)) for lo, hi, k in ranges))
+    return engine.k_at(batch) or 0
 
 
 def config_text(config: dict[str, Any]) -> str:
