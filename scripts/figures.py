@@ -32,7 +32,8 @@ FRESH = {"fresh": "truth_fresh_56479.json", "fresh2": "truth_fresh_282999.json",
          "fresh6": "truth_fresh_282999_draft0.json", "fresh7": "truth_fresh_282999_eagle3.json",
          "fresh8": "truth_fresh_356101_ngram.json", "fresh9": "truth_fresh_356101_draft0.json",
          "fresh10": "truth_fresh_356101_draft1.json", "fresh11": "truth_fresh_356101_eagle3.json",
-         "fresh12": "truth_fresh_56479_ngram.json", "fresh13": "truth_fresh_56479_draft1.json"}
+         "fresh12": "truth_fresh_56479_ngram.json", "fresh13": "truth_fresh_56479_draft1.json",
+         "fresh14": "truth_fresh_333557_draft1.json"}
 DASH = "\u2013"  # the docs' range dash
 MARK = re.compile(r"<!-- fig ([\w.-]+) -->([^<]*)<!-- /fig -->")
 
