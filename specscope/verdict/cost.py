@@ -13,6 +13,7 @@ from specscope.core.model import (
     StepTime,
 )
 from specscope.core.sizing import MODEL_FREE_METHODS, ModelSize
+from specscope.verdict import uncertainty
 from specscope.verdict.baseline import usable_baseline
 from specscope.verdict.forward import fit_forward
 
@@ -106,21 +107,36 @@ def forward_at(base: StepProfile, requests: int, tokens: float) -> float | None:
     return value if per_token > 0 and value > 0 else None
 
 
+def _fit_misses(base: StepProfile, batch_size: int) -> bool:
+    """Whether the baseline's forward fit misses the calibration's own decode forward at the calibrated batch size
+    nearest ``batch_size`` by more than the drift between moments the anchor corrects (:data:`uncertainty.DRIFT`):
+    there the fit's error is the larger of the two. A 13-layer, width-768 target on a 2-core CPU ran its one-token
+    forward at batch 1 slower than its four-request forward at batch 4, which no line holds: the fit missed both by
+    15-19%, and the plain step it anchored came 25% under what was served (docs/speed-anchor.md). False where no
+    calibrated batch size timed its forwards (nothing to check the fit on)."""
+    rows = [t for t in base.times if t.forwards >= MIN_STEPS and t.forward_s > 0]
+    if not rows:
+        return False
+    near = min(rows, key=lambda t: abs(t.batch_size - batch_size))
+    then = forward_at(base, near.batch_size, near.forward_tokens)
+    return then is None or abs(then / near.forward_s - 1) > uncertainty.DRIFT
+
+
 def plain_step(snap: Snapshot, base: StepProfile, batch_size: int) -> tuple[float | None, str, bool]:
     """The target's plain decode step at ``batch_size`` now: ``(seconds, how it was priced, anchored)``.
 
     Where the live engine's target forward is timed at this batch size, takes :data:`MIN_FORWARD_SHARE` of its
-    step or more, the live context is near the calibration's (:data:`MAX_ANCHOR_CONTEXT_MOVE`), and the
-    baseline's forwards price the same forward (:func:`forward_at`), the baseline's step scaled by the forward now
-    over the forward then: the machine's speed at this moment and what little the live context adds both enter
-    through the forward, a steady share of a step (anchored). Otherwise the baseline's step priced at the live
-    context (:func:`live_context`)."""
+    step or more, the live context is near the calibration's (:data:`MAX_ANCHOR_CONTEXT_MOVE`), the baseline's
+    forwards price the same forward (:func:`forward_at`) and price their own near it (:func:`_fit_misses`), the
+    baseline's step scaled by the forward now over the forward then: the machine's speed at this moment and what
+    little the live context adds both enter through the forward, a steady share of a step (anchored). Otherwise the
+    baseline's step priced at the live context (:func:`live_context`)."""
     live, context = steps_at(snap, batch_size), live_context(snap, batch_size)
     t_cal, t_context = base.at(batch_size, MIN_STEPS), base.at(batch_size, MIN_STEPS, context)
     if live is not None and live.forwards >= MIN_STEPS and t_cal and t_context and \
             live.forward_s >= MIN_FORWARD_SHARE * live.mean_s and abs(t_context / t_cal - 1) <= MAX_ANCHOR_CONTEXT_MOVE:
         then = forward_at(base, batch_size, live.forward_tokens)
-        if then:
+        if then and not _fit_misses(base, batch_size):
             return (t_cal * live.forward_s / then,
                     f" (priced from the target's forward: {1e3 * live.forward_s:.1f} ms now for {batch_size} "
                     f"request{'s' if batch_size > 1 else ''} of {live.forward_tokens / batch_size:.1f} tokens, "

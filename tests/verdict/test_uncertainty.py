@@ -208,14 +208,17 @@ def test_a_k_other_than_the_running_one_carries_the_unknown_fixed_cost_of_a_step
     assert tokens_8 / step(8, 0.03) > est.low[8] >= tokens_8 / step(8, 0.0)
 
 
-def forward_baseline(scale: float = 1.0, prompts: bool = True) -> StepProfile:
+def forward_baseline(scale: float = 1.0, prompts: bool = True, one: float = 1.0) -> StepProfile:
     """Plain steps of 3.6, 4.0 and 6.0 ms at batch 1, 4 and 16 (times ``scale``: a machine that ran slower), each
-    with its target forwards timed: the decode steps', a token a request, and (with ``prompts``) the 20-token
-    prompts' before them."""
-    rows = [(b, b, 50, 50 * scale * forward(b, b)) for b in (1, 4, 16)]
+    with its target forwards timed: the decode steps', a token a request (batch 1's ``one`` times the machine's
+    line), and (with ``prompts``) the 20-token prompts' before them."""
+    def decode(b: int) -> float:
+        return scale * forward(b, b) * (one if b == 1 else 1.0)
+
+    rows = [(b, b, 50, 50 * decode(b)) for b in (1, 4, 16)]
     rows += [(b, 20 * b, 1, scale * forward(b, 20 * b)) for b in (1, 4, 16) if prompts]
-    return StepProfile(tuple(StepTime(b, 50, scale * t, forwards=50, forward_s=scale * forward(b, b),
-                                      forward_tokens=float(b)) for b, t in ((1, 0.0036), (4, 0.0040), (16, 0.0060))),
+    return StepProfile(tuple(StepTime(b, 50, scale * t, forwards=50, forward_s=decode(b), forward_tokens=float(b))
+                             for b, t in ((1, 0.0036), (4, 0.0040), (16, 0.0060))),
                        "b", SETUP, tuple(forward_moments(rows)))
 
 
@@ -254,6 +257,22 @@ def test_a_plain_step_is_priced_from_the_targets_forward_now(tmp_path: Path) -> 
     small.set_baseline(base)
     share = measured_cost(small.snapshot(), 1)
     assert share is not None and not share.anchored and share.value == pytest.approx((0.008 / 0.0036 - 1) / 4)
+
+
+@pytest.mark.parametrize(("one", "anchored"), [(1.05, True), (1.6, False)])
+def test_a_fit_that_misses_the_calibrations_own_forward_does_not_anchor(one: float, anchored: bool) -> None:
+    """A target whose one-token forward runs off the line its other forwards make: at 1.6 times the line, slower
+    than its four-request forward (as a 13-layer, width-768 target ran on a 2-core CPU), the fit misses the
+    calibration's own batch-1 forward by more than the drift between moments the anchor corrects, and would take
+    its own error for the machine's speed: the plain step is priced as calibrated. A forward 5% off the line still
+    anchors."""
+    hub = speculative_hub(Clock())
+    hub.record_forwards(0, [(1, 5, 30, 30 * 1.2 * forward(1, 5))], 5)
+    hub.set_baseline(forward_baseline(one=one))
+    got = measured_cost(hub.snapshot(), 1)
+    assert got is not None and got.anchored == anchored
+    if not anchored:
+        assert got.value == pytest.approx((0.008 / 0.0036 - 1) / 4)
 
 
 def test_another_k_pays_verification_by_the_token_and_a_share_of_the_drafts_part_once() -> None:
