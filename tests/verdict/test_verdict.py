@@ -742,6 +742,7 @@ def test_the_interval_takes_each_step_time_at_its_standard_error_and_the_drift_b
     assert f"the baseline's median ±12.0%; {drift}" in explain(unknown)
     assert width(steady) < width(nine) < width(unknown)
 
+
 def test_decode_steps_slowed_by_the_prompts_prefilled_beside_them_are_the_workloads_not_the_machines() -> None:
     """Issue 47: where long prompts' prefill steps mix with decode steps, the decode steps of a second that prefilled
     more prompt tokens run slower (the prefill shares the machine); that spread is the workload's, modelled by the
