@@ -33,7 +33,7 @@ FRESH = {"fresh": "truth_fresh_56479.json", "fresh2": "truth_fresh_282999.json",
          "fresh8": "truth_fresh_356101_ngram.json", "fresh9": "truth_fresh_356101_draft0.json",
          "fresh10": "truth_fresh_356101_draft1.json", "fresh11": "truth_fresh_356101_eagle3.json",
          "fresh12": "truth_fresh_56479_ngram.json", "fresh13": "truth_fresh_56479_draft1.json",
-         "fresh14": "truth_fresh_333557_draft1.json"}
+         "fresh14": "truth_fresh_333557_draft1.json", "fresh15": "truth_fresh_62829_draft0.json"}
 DASH = "\u2013"  # the docs' range dash
 MARK = re.compile(r"<!-- fig ([\w.-]+) -->([^<]*)<!-- /fig -->")
 
@@ -407,6 +407,12 @@ FIGURES |= {f"{prefix}.{name}": (file, make) for prefix, file in FRESH.items() f
     "stated_half": lambda d: f"\u00b1{pct(_widths(d)[0])}",
     "needed_half": lambda d: f"\u00b1{pct(_widths(d)[1])}",
 }.items()}
+#: Seed 62829's draft0 (fresh15) judged again by the code before the speed anchor's guard (a replay at 6edcf58, the
+#: measurements as run): what the guard changed on the first run made after it.
+PRE_GUARD = "truth_fresh_62829_draft0_replay_6edcf58.json"
+FIGURES |= {f"fresh15_pre_guard.{name}": (PRE_GUARD, lambda d, key=key: _of(d, *key))
+            for name, key in {"within": ("within_10pct", "cells"),
+                              "inside": ("inside_interval", "with_interval")}.items()}
 #: One target's plain step served at batch 1 on chat traffic, in ms, in two runs on it: the machine's speed each day.
 FIGURES |= {f"{prefix}.plain_chat_b1": (FRESH[prefix], lambda d, pair=pair: "{:.1f}".format(
     num(d, "pairs", f"{pair}-chat", "plain_serving_ms", "1"))) for prefix, pair in (("fresh4", "eagle3"),
