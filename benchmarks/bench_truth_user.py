@@ -419,6 +419,9 @@ def run_fresh(pair: fresh.Pair, root: Path, data: dict[str, Any], batches: Seque
     rounds: dict[str, dict[tuple[int, int], list[float]]] = {shape: {} for shape in data}
     serving: dict[str, list[Any]] = {shape: [] for shape in data}
     measuring: dict[str, Any] = {}
+    # Each measured K's own decode steps on sample B (and the advice's, where it ran an engine of its own): where the
+    # curve over K misses, whether the tokens a step gains or the step's time moved otherwise than predicted.
+    own_steps: dict[str, dict[str, Any]] = {shape: {} for shape in data}
 
     def measure(spec: Any, shape: str, label: str) -> tuple[dict[int, list[float]], Any]:
         """Sample B of ``shape`` at each batch size: the rounds, and ``spec``'s own steps meanwhile."""
@@ -438,6 +441,7 @@ def run_fresh(pair: fresh.Pair, root: Path, data: dict[str, Any], batches: Seque
         for shape in data:
             cells, own = measure(spec, shape, f"K={k}")
             rounds[shape].update({(k, b): r for b, r in cells.items()})
+            own_steps[shape][str(k)] = _steps(own, batches)
             if k == RUNNING_K:
                 measuring[shape] = own
         shutdown(spec)
@@ -452,11 +456,13 @@ def run_fresh(pair: fresh.Pair, root: Path, data: dict[str, Any], batches: Seque
             how = "one fixed K: its cells"
         else:
             spec = engine(target, FRESH_LENGTH, pair.speculative_config(root, 0) | config)
-            cells, _ = measure(spec, shape, "advice")
+            cells, own = measure(spec, shape, "advice")
+            own_steps[shape]["advice"] = _steps(own, batches)
             shutdown(spec)
             advice = {b: statistics.median(r) for b, r in cells.items()}
             how = "its own engine"
         result = assemble(rounds[shape], snap, baseline, merge_profiles(serving[shape]), measuring[shape], batches)
+        result["steps_by_k"] = own_steps[shape]
         result["advice"] = {"config": config, "text": "off" if config is None else config_text(config),
                             "measured_as": how, "by_batch": {}}
         for b in batches:
@@ -503,6 +509,11 @@ def _priced(baseline: Any, contexts: dict[int, float]) -> dict[int, float]:
 def _step_ms(times: Any, batches: Sequence[int]) -> dict[int, float | None]:
     """The mean decode step in milliseconds at each of ``batches``."""
     return {b: None if (t := times.get(b)) is None else round(1e3 * t.mean_s, 2) for b in batches}
+
+
+def _steps(times: Any, batches: Sequence[int]) -> dict[str, dict[int, float | None]]:
+    """An engine's own decode steps at each of ``batches``: the tokens a request gained per step and the step's ms."""
+    return {"tokens_per_step": _tokens_per_step(times, batches), "step_ms": _step_ms(times, batches)}
 
 
 def _tokens_per_step(times: Any, batches: Sequence[int]) -> dict[int, float | None]:
