@@ -1,0 +1,65 @@
+"""How well the verdict extends acceptance past the positions a run drafted, held out on the fresh runs' own data.
+
+Past the running K the verdict has no measured acceptance: ``acceptance.tokens_per_step`` extends the last drafted
+position's rate geometrically with α. Each fresh truth run's predicting snapshots (``truth_fresh_*.snapshot.json``,
+one per pair and traffic, drafted at K = 4) hold the rates of positions 1-4. Here position 4 is held out: predicted
+from positions 1-3 as the verdict extends (position 3's rate times α, α the maximum-likelihood value of positions
+1-3 alone, drafts taken as three long), and set beside the rate observed. Engine-free: it reads saved results.
+
+    python benchmarks/acceptance_holdout.py    # writes benchmarks/results/acceptance_holdout.json
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._common import RESULTS, write
+from specscope.core import codec
+from specscope.verdict.speedup import spec_counts
+
+#: The method families, by the pair's name in a fresh run (benchmarks/fresh.py).
+FAMILIES = {"draft": "draft model", "eagle3": "EAGLE-3 head", "ngram": "n-gram lookup"}
+
+
+def alpha_through(rates: list[float], k: int) -> float:
+    """α of positions 1..``k`` alone, from their unconditional rates (every draft ``k`` long): accepted tokens over
+    accepted tokens plus the drafts rejected within them."""
+    accepted = sum(rates[:k])
+    return accepted / (accepted + 1.0 - rates[k - 1])
+
+
+def held_out(rates: list[float]) -> dict[str, float]:
+    """The last drafted position's rate, observed and as extended from the positions before it."""
+    k = len(rates)
+    predicted = rates[k - 2] * alpha_through(rates, k - 1)
+    return {"position": k, "observed": round(rates[-1], 4), "extended": round(predicted, 4),
+            "ratio": round(rates[-1] / predicted, 3)}
+
+
+def main() -> None:
+    rows: list[dict[str, Any]] = []
+    for path in sorted(RESULTS.glob("truth_fresh_*.snapshot.json")):
+        snap = codec.from_dict(json.loads(path.read_text()))
+        spec = spec_counts(snap)
+        if spec is None or len(spec.per_position) < 3:
+            continue
+        pair = path.name.removesuffix(".snapshot.json").rsplit("_", 1)[-1]  # e.g. "draft0-chat"
+        family = next(f for prefix, f in FAMILIES.items() if pair.startswith(prefix))
+        rows.append({"file": path.name, "family": family, **held_out(list(spec.per_position))})
+    by_family: dict[str, dict[str, float]] = {}
+    for family in FAMILIES.values():
+        ratios = [float(r["ratio"]) for r in rows if r["family"] == family]
+        if ratios:
+            by_family[family] = {"pair_traffics": len(ratios), "median_ratio": round(statistics.median(ratios), 3),
+                                 "min_ratio": min(ratios), "max_ratio": max(ratios)}
+    write("acceptance_holdout", {"what": __doc__.splitlines()[0], "by_family": by_family, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
