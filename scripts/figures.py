@@ -413,6 +413,14 @@ PRE_GUARD = "truth_fresh_62829_draft0_replay_6edcf58.json"
 FIGURES |= {f"fresh15_pre_guard.{name}": (PRE_GUARD, lambda d, key=key: _of(d, *key))
             for name, key in {"within": ("within_10pct", "cells"),
                               "inside": ("inside_interval", "with_interval")}.items()}
+#: Position 4's acceptance held out and extended from positions 1-3 as the verdict extends past the running K
+#: (``acceptance_holdout.json``): observed over extended, the median and range by method family.
+FIGURES |= {f"holdout.{name}": ("acceptance_holdout.json", lambda d, family=family: "{:.2f} ({:.2f}{}{:.2f}, {} "
+                                "pair-traffics)".format(num(d, "by_family", family, "median_ratio"),
+                                                        num(d, "by_family", family, "min_ratio"), DASH,
+                                                        num(d, "by_family", family, "max_ratio"),
+                                                        int(num(d, "by_family", family, "pair_traffics"))))
+            for name, family in {"draft": "draft model", "eagle3": "EAGLE-3 head", "ngram": "n-gram lookup"}.items()}
 #: One target's plain step served at batch 1 on chat traffic, in ms, in two runs on it: the machine's speed each day.
 FIGURES |= {f"{prefix}.plain_chat_b1": (FRESH[prefix], lambda d, pair=pair: "{:.1f}".format(
     num(d, "pairs", f"{pair}-chat", "plain_serving_ms", "1"))) for prefix, pair in (("fresh4", "eagle3"),
