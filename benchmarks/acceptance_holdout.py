@@ -3,8 +3,9 @@
 Past the running K the verdict has no measured acceptance: ``acceptance.tokens_per_step`` extends the last drafted
 position's rate geometrically with α. Each fresh truth run's predicting snapshots (``truth_fresh_*.snapshot.json``,
 one per pair and traffic, drafted at K = 4) hold the rates of positions 1-4. Here position 4 is held out: predicted
-from positions 1-3 as the verdict extends (position 3's rate times α, α the maximum-likelihood value of positions
-1-3 alone, drafts taken as three long), and set beside the rate observed. Engine-free: it reads saved results.
+from positions 1-3 by the verdict's own extension (``acceptance.tokens_per_step``: position 3's rate times α, α the
+maximum-likelihood value of positions 1-3 alone, ``acceptance.alpha`` with drafts taken as three long), and set beside
+the rate observed. Engine-free: it reads saved results.
 
     python benchmarks/acceptance_holdout.py    # writes benchmarks/results/acceptance_holdout.json
 """
@@ -20,24 +21,20 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import RESULTS, write
+from specscope.core import acceptance as acc
 from specscope.core import codec
+from specscope.core.model import SpecCounts
 from specscope.verdict.speedup import spec_counts
 
 #: The method families, by the pair's name in a fresh run (benchmarks/fresh.py).
 FAMILIES = {"draft": "draft model", "eagle3": "EAGLE-3 head", "ngram": "n-gram lookup"}
 
 
-def alpha_through(rates: list[float], k: int) -> float:
-    """α of positions 1..``k`` alone, from their unconditional rates (every draft ``k`` long): accepted tokens over
-    accepted tokens plus the drafts rejected within them."""
-    accepted = sum(rates[:k])
-    return accepted / (accepted + 1.0 - rates[k - 1])
-
-
-def held_out(rates: list[float]) -> dict[str, float]:
-    """The last drafted position's rate, observed and as extended from the positions before it."""
-    k = len(rates)
-    predicted = rates[k - 2] * alpha_through(rates, k - 1)
+def held_out(spec: SpecCounts) -> dict[str, float]:
+    """The last drafted position's rate, observed and as the verdict extends it from the positions before it."""
+    rates, k = spec.per_position, len(spec.per_position)
+    a = acc.alpha(spec.accepted_per_pos[:k - 1], spec.drafts) or 0.0
+    predicted = acc.tokens_per_step(k, rates[:k - 1], a) - acc.tokens_per_step(k - 1, rates[:k - 1], a)
     return {"position": k, "observed": round(rates[-1], 4), "extended": round(predicted, 4),
             "ratio": round(rates[-1] / predicted, 3)}
 
@@ -51,7 +48,7 @@ def main() -> None:
             continue
         pair = path.name.removesuffix(".snapshot.json").rsplit("_", 1)[-1]  # e.g. "draft0-chat"
         family = next(f for prefix, f in FAMILIES.items() if pair.startswith(prefix))
-        rows.append({"file": path.name, "family": family, **held_out(list(spec.per_position))})
+        rows.append({"file": path.name, "family": family, **held_out(spec)})
     by_family: dict[str, dict[str, float]] = {}
     for family in FAMILIES.values():
         ratios = [float(r["ratio"]) for r in rows if r["family"] == family]
