@@ -90,6 +90,9 @@ class SpeedupEstimate:
     #: The speedup at K = j in each of the interval's draws (the same draws at every K: two Ks are compared draw by
     #: draw), computed when first asked; read through :attr:`low`, :attr:`high` and :attr:`advised_k`.
     draws: Callable[[int], tuple[float, ...]] | None = field(default=None, compare=False, repr=False)
+    #: The point's decode at K = j (:func:`decode_step`): tokens a request gains per step and the step's cost in
+    #: plain steps; None at a K = 0 range.
+    decode_at: Callable[[int], tuple[float, float]] | None = field(default=None, compare=False, repr=False)
 
     @property
     def expected_speedup(self) -> float:
@@ -245,20 +248,10 @@ def _estimate(snap: Snapshot, cost: CostRatio | None, batch_size: int | None) ->
 
     def speedup_from_running_k(j: int, rates: tuple[float, ...], a: float, tokens: float, c: float,
                                fixed: float = uncertainty.DRAFT_FIXED) -> float:
-        """End-to-end speedup at K = ``j`` > 0 for these inputs (``tokens``: observed at the running K). A draft
-        token's c is verifying it (``verify``, which every K pays by the token) and the draft's part, c − verify;
-        ``fixed`` is the share of the running K's draft part, k·(c − verify), that a step pays whatever its K (see
-        :func:`~specscope.verdict.interval.speedup_interval`), so a step at j costs
-        1 + j·c + fixed·(c − verify)·(k − j)."""
-        now = tokens / (k * c + 1.0)
-        if j == k:
-            return acc.end_to_end(now, now, rho or 0.0, draft_prefill)
-        # The share of request-steps that drafted, so that the model reproduces what was observed at the running K.
-        drafted = sum(rates)
-        fraction = min(1.0, max(0.0, (tokens - 1.0) / drafted)) if drafted > 0 else 1.0
-        step = j * c + 1.0 + fixed * max(0.0, c - verify) * (k - j)
-        decode = acc.tokens_per_step(j, rates, a, fraction) / step
-        return acc.end_to_end(decode, now, rho or 0.0, draft_prefill)
+        """End-to-end speedup at K = ``j`` > 0 for these inputs (:func:`decode_step`'s decode speedup, with the
+        prefill the running K's steps carried)."""
+        gained, step = decode_step(j, k, rates, a, tokens, c, verify, fixed)
+        return acc.end_to_end(gained / step, tokens / (k * c + 1.0), rho or 0.0, draft_prefill)
 
     by_k = (1.0, *(speedup_from_running_k(j, rates, a, tokens, cost.value) for j in range(1, acc.K_MAX + 1)))
     decode_now = tokens / (k * cost.value + 1.0)
@@ -274,7 +267,24 @@ def _estimate(snap: Snapshot, cost: CostRatio | None, batch_size: int | None) ->
         k0_speedup=acc.end_to_end(k0, decode_now, rho or 0.0, draft_prefill), k0_basis=k0_basis,
         caveat=(LOSSY_CAVEAT if lossy_verification(snap.engine) else "") + _slow_baseline(snap, measured),
         interval=interval, interval_basis=basis, interval_requests=requests, draws=draws,
+        decode_at=functools.partial(decode_step, k=k, rates=rates, a=a, tokens=tokens, c=cost.value, verify=verify),
     )
+
+
+def decode_step(j: int, k: int, rates: tuple[float, ...], a: float, tokens: float, c: float, verify: float,
+                fixed: float = uncertainty.DRAFT_FIXED) -> tuple[float, float]:
+    """At K = ``j`` > 0, from what the running K = ``k`` observed (``tokens`` a request gained a step, the positions'
+    ``rates``, α ``a``): the tokens a request gains per decode step and the step's cost in plain steps. A draft
+    token's c is verifying it (``verify``, which every K pays by the token) and the draft's part, c − verify;
+    ``fixed`` is the share of the running K's draft part, k·(c − verify), that a step pays whatever its K (see
+    :func:`~specscope.verdict.interval.speedup_interval`), so a step at j costs 1 + j·c + fixed·(c − verify)·(k − j).
+    """
+    if j == k:
+        return tokens, k * c + 1.0
+    # The share of request-steps that drafted, so that the model reproduces what was observed at the running K.
+    drafted = sum(rates)
+    fraction = min(1.0, max(0.0, (tokens - 1.0) / drafted)) if drafted > 0 else 1.0
+    return acc.tokens_per_step(j, rates, a, fraction), j * c + 1.0 + fixed * max(0.0, c - verify) * (k - j)
 
 
 def _verify_part(snap: Snapshot, batch: int | None, measured: CostRatio | None) -> float:

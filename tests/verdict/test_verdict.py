@@ -298,6 +298,27 @@ def test_measured_estimate_uses_observed_tokens_and_step_times_by_batch_size(tmp
                                              f"{sixteen.expected_speedup:.2f}x; pays at batch 1, not at 16")
 
 
+def test_each_ks_point_is_the_tokens_a_step_gains_over_the_steps_cost(tmp_path: Path) -> None:
+    """The curve over K from its parts (what benchmarks/k_curve.py sets beside each K's own steps): the tokens a
+    request gains per step at K = j over the step's cost in plain steps, with the running K's prefill."""
+    clock = Clock()
+    hub = speculative_hub(clock)
+    with_baseline(hub, tmp_path)
+    one = estimate(hub.snapshot(), batch_size=1)
+    assert one is not None and one.decode_at is not None
+    c = (0.008 / 0.0036 - 1) / 4
+    assert one.decode_at(4) == pytest.approx((4.0, 1 + 4 * c))  # the running K, as observed
+    now, rho = 4 * 0.0036 / 0.008, 0.004 / (30 * 0.008)
+    for j in (1, 2, 3, 6, 8):
+        tokens, step = one.decode_at(j)
+        # Every request accepted its first 3 draft tokens and never the 4th: no K gains more than 3 drafted tokens.
+        assert tokens == pytest.approx(1 + min(j, 3))
+        # c a draft token, and a share of the running K's draft part whatever the K (the baseline's forwards were not
+        # timed: all of c is the draft's).
+        assert step == pytest.approx(1 + j * c + DRAFT_FIXED * c * (4 - j))
+        assert one.by_k[j] == pytest.approx((rho / 1.25 + now) / (rho + now * step / tokens))
+
+
 def test_prefill_at_other_batch_sizes_counts_per_request() -> None:
     """Sixteen long prompts prefilled in a step of their own, at batch 11 (as vLLM runs them: 2 s on this CPU for
     16 prompts of ~490 tokens), then 30 decode steps of 90 ms at batch 16, each request gaining 4 tokens a step:

@@ -1,0 +1,90 @@
+"""Where the verdict's curve over K misses, taken apart: the tokens a step gains and the step's cost, each K's
+predicted against its own engine's steps.
+
+A fresh truth run (``bench_truth_user.py --fresh``) keeps each measured K's decode steps on sample B, and the advice
+engine's (``steps_by_k``: tokens a request gained per step, the step's ms, at each batch size). The verdict prices
+K = j from the running K's snapshot (:func:`specscope.verdict.speedup.decode_step`): the tokens a step gains at j
+and the step's cost. Both are set here beside the running K's, predicted and measured, so that the machine's speed,
+which moves all of a moment's steps alike, drops out of the comparison:
+
+- ``tokens``: (tokens at j / at the running K) predicted over measured, minus one. Positive: acceptance at j
+  over-valued (past the drafted positions, the geometric extension).
+- ``step``: (step at j / at the running K) predicted over measured, minus one. Negative: the step at j priced too
+  cheap.
+- ``decode``: (1 + tokens) / (1 + step) − 1, the decode speedup at j relative to the running K's, over-valued where
+  positive.
+
+Each K's engine ran minutes apart from the running K's, so the step ratio carries the machine's drift between them.
+Engine-free: it reads saved results.
+
+    python benchmarks/k_curve.py    # writes benchmarks/results/k_curve.json
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._common import RESULTS, write
+from specscope.core import codec
+from specscope.verdict import estimate, scheduled_k
+
+
+def rows_of(path: Path) -> list[dict[str, Any]]:
+    """Each (pair and traffic, batch size, K) of one results file that kept ``steps_by_k``."""
+    doc = json.loads(path.read_text())
+    out = []
+    for name, pair in doc["pairs"].items():
+        steps = pair.get("steps_by_k")
+        if not steps:
+            continue
+        snap = codec.from_dict(json.loads((RESULTS / f"{path.stem}_{name}.snapshot.json").read_text()))
+        k = snap.engine.num_speculative_tokens
+        mine = steps[str(k)]
+        for b in sorted(mine["tokens_per_step"], key=int):
+            est = estimate(snap, batch_size=int(b))
+            tok_k, ms_k = mine["tokens_per_step"][b], mine["step_ms"][b]
+            if est is None or est.decode_at is None or not tok_k or not ms_k:
+                continue
+            pred_tok_k, pred_step_k = est.decode_at(k)
+            for label, own in steps.items():
+                j = scheduled_k(pair["advice"]["config"], int(b)) if label == "advice" else int(label)
+                tok, ms = own["tokens_per_step"].get(b), own["step_ms"].get(b)
+                if j in (0, k) or not tok or not ms:
+                    continue
+                pred_tok, pred_step = est.decode_at(j)
+                tokens = (pred_tok / pred_tok_k) / (tok / tok_k) - 1.0
+                step = (pred_step / pred_step_k) / (ms / ms_k) - 1.0
+                out.append({"file": path.name, "pair": name, "batch": int(b), "k": j, "advice": label == "advice",
+                            "tokens_measured": tok, "tokens_predicted": round(pred_tok * tok_k / pred_tok_k, 3),
+                            "step_ms_measured": ms, "step_ms_predicted": round(pred_step * ms_k / pred_step_k, 2),
+                            "tokens": round(tokens, 3), "step": round(step, 3),
+                            "decode": round((1.0 + tokens) / (1.0 + step) - 1.0, 3)})
+    return out
+
+
+def summary(rows: list[dict[str, Any]], running_k: int = 4) -> dict[str, dict[str, Any]]:
+    """The medians of each part over the Ks below the running K, just above it (up to 6) and far above it."""
+    groups = {"below the running K": lambda j: j < running_k, f"{running_k + 1}-6": lambda j: running_k < j <= 6,
+              "7 and over": lambda j: j > 6}
+    out = {}
+    for name, within in groups.items():
+        sel = [r for r in rows if within(r["k"])]
+        if sel:
+            out[name] = {"cells": len(sel), **{part: round(statistics.median(r[part] for r in sel), 3)
+                                               for part in ("tokens", "step", "decode")}}
+    return out
+
+
+def main() -> None:
+    rows = [r for path in sorted(RESULTS.glob("truth_fresh_*.json")) for r in rows_of(path)]
+    write("k_curve", {"what": __doc__.splitlines()[0], "summary": summary(rows), "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
