@@ -624,6 +624,9 @@ def fresh_seed(seed: int, args: argparse.Namespace) -> None:
     ks: tuple[int, ...] = FRESH_KS
     if args.only:
         drawn = [p for p in drawn if p.name in args.only.split(",")]
+    if args.ks or args.batches:  # a diagnostic run: other Ks or batch sizes than the truth run's
+        ks = tuple(sorted({int(k) for k in (args.ks or ",".join(map(str, ks))).split(",")} | {RUNNING_K}))
+        batches = tuple(sorted({int(b) for b in (args.batches or ",".join(map(str, batches))).split(",")}))
     if args.smoke:
         drawn, shapes, batches, ks = drawn[:1], ("chat",), (1, 16), (2, RUNNING_K)
         args.min_rounds = args.max_rounds = 1
@@ -685,6 +688,11 @@ def main() -> None:
     ap.add_argument("--window-s", type=float, default=WINDOW_S, help="with --fresh: a measuring window's seconds")
     ap.add_argument("--predict-s", type=float, default=PREDICT_S,
                     help="with --fresh: the predicting run's seconds at each batch size")
+    ap.add_argument("--ks", metavar="K,K,...",
+                    help=f"with --fresh: measure these Ks (K = {RUNNING_K} added: it predicts) instead of the truth "
+                    "run's; a diagnostic, not a truth run: name its results with --results")
+    ap.add_argument("--batches", metavar="B,B,...",
+                    help="with --fresh: these batch sizes instead of the truth run's (a diagnostic, as --ks)")
     ap.add_argument("--smoke", action="store_true",
                     help="with --fresh: the code paths only (one pair, chat, batch 1 and 16, K 2 and 4, one short "
                     "round), written as smoke_fresh_SEED: numbers not to keep")
@@ -709,6 +717,9 @@ def main() -> None:
         (RESULTS / f"{name}.md").write_text(table(doc["pairs"]))
         return
     if args.fresh is not None:
+        if (args.ks or args.batches) and not args.results:
+            print("--ks and --batches make a diagnostic run: name its results (--results NAME)", file=sys.stderr)
+            sys.exit(2)
         fresh_seed(args.fresh if args.fresh >= 0 else random.SystemRandom().randrange(1_000_000), args)
         return
     args.results = args.results or "truth_user"

@@ -1,11 +1,12 @@
 """Where the verdict's curve over K misses, taken apart: the tokens a step gains and the step's cost, each K's
 predicted against its own engine's steps.
 
-A fresh truth run (``bench_truth_user.py --fresh``) keeps each measured K's decode steps on sample B, and the advice
-engine's (``steps_by_k``: tokens a request gained per step, the step's ms, at each batch size). The verdict prices
-K = j from the running K's snapshot (:func:`specscope.verdict.speedup.decode_step`): the tokens a step gains at j
-and the step's cost. Both are set here beside the running K's, predicted and measured, so that the machine's speed,
-which moves all of a moment's steps alike, drops out of the comparison:
+A fresh truth run (``bench_truth_user.py --fresh``; a diagnostic ``--ks`` run too, ``diag_*``) keeps each measured
+K's decode steps on sample B, and the advice engine's (``steps_by_k``: tokens a request gained per step, the step's
+ms, at each batch size). The verdict prices K = j from the running K's snapshot
+(:func:`specscope.verdict.speedup.decode_step`): the tokens a step gains at j and the step's cost. Both are set here
+beside the running K's, predicted and measured, so that the machine's speed, which moves all of a moment's steps
+alike, drops out of the comparison:
 
 - ``tokens``: (tokens at j / at the running K) predicted over measured, minus one. Positive: acceptance at j
   over-valued (past the drafted positions, the geometric extension).
@@ -45,7 +46,9 @@ def rows_of(path: Path) -> list[dict[str, Any]]:
             continue
         snap = codec.from_dict(json.loads((RESULTS / f"{path.stem}_{name}.snapshot.json").read_text()))
         k = snap.engine.num_speculative_tokens
-        mine = steps[str(k)]
+        mine = steps.get(str(k))
+        if not k or not mine:
+            continue
         for b in sorted(mine["tokens_per_step"], key=int):
             est = estimate(snap, batch_size=int(b))
             tok_k, ms_k = mine["tokens_per_step"][b], mine["step_ms"][b]
@@ -82,7 +85,8 @@ def summary(rows: list[dict[str, Any]], running_k: int = 4) -> dict[str, dict[st
 
 
 def main() -> None:
-    rows = [r for path in sorted(RESULTS.glob("truth_fresh_*.json")) for r in rows_of(path)]
+    rows = [r for pattern in ("truth_fresh_*.json", "diag_*.json") for path in sorted(RESULTS.glob(pattern))
+            for r in rows_of(path)]
     write("k_curve", {"what": __doc__.splitlines()[0], "summary": summary(rows), "rows": rows})
 
 
