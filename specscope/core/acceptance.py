@@ -132,6 +132,34 @@ def tokens_per_step(k: int, per_position: Sequence[float], a: float, draft_fract
     return 1.0 + draft_fraction * gained
 
 
+def kept_share(k: int, per_position: Sequence[float], a: float, remaining: Sequence[int],
+               draft_fraction: float = 1.0) -> float:
+    """The share of the tokens steps would gain (:func:`tokens_per_step`) that requests needing ``remaining`` more
+    tokens each keep, if drafts were ``k`` long: a request's last step keeps only the tokens it still needs (vLLM
+    verifies the drafts past a request's end and drops them), so the longer the drafts, the more its last step
+    loses. 1.0 without requests.
+
+    A step keeps 1 + i tokens with the probability that exactly i drafted tokens were accepted (the unconditional
+    rates, extended past the drafted positions as :func:`tokens_per_step` extends them); a request needing m tokens
+    takes E[N(m)] = 1 + Σ P(i)·E[N(m − 1 − i)] steps, E[N(m ≤ 0)] = 0. Past a few drafts' length E[N] grows by
+    1 / (tokens a step) a token (a renewal process), which prices longer requests without stepping through them."""
+    if k <= 0 or not remaining:
+        return 1.0
+    rates = [1.0] + [per_position[i] if i < len(per_position) else
+                     (per_position[-1] if per_position else 1.0) * a ** (i + 1 - len(per_position))
+                     for i in range(k)]
+    rates = [draft_fraction * r for r in rates[1:]]
+    accepted = [1.0 - rates[0]] + [rates[i] - rates[i + 1] for i in range(k - 1)] + [rates[-1]]
+    gained = 1.0 + sum(rates)
+    horizon = min(max(remaining), 16 * (k + 1))
+    steps = [0.0] * (horizon + 1)
+    for m in range(1, horizon + 1):
+        steps[m] = 1.0 + sum(p * steps[max(0, m - 1 - i)] for i, p in enumerate(accepted))
+    needed = sum(steps[m] if m <= horizon else steps[horizon] + (m - horizon) / gained for m in remaining if m > 0)
+    kept = sum(m for m in remaining if m > 0)
+    return kept / needed / gained if needed else 1.0
+
+
 def end_to_end(decode_speedup: float, decode_speedup_now: float, prefill_per_decode: float,
                draft_prefill: float = 0.0) -> float:
     """Speedup of the whole workload (at a K > 0) when prefill takes engine time too.

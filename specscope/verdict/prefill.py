@@ -47,16 +47,21 @@ def prefill_per_decode(snap: Snapshot, batch: int | None, tokens: float) -> floa
     return prefill_s / requests / decode_s if requests and decode_s > 0 else None
 
 
-def _output_length(snap: Snapshot) -> float | None:
-    """Output tokens of a finished request: the window's mean, else every kept request's; None without one.
-    Computed once per snapshot (a schedule prices every batch size up to max_num_seqs)."""
-    def mean() -> float | None:
+def output_lengths(snap: Snapshot) -> tuple[int, ...]:
+    """Output tokens of each finished request: the window's, else every kept request's; () without one. Computed
+    once per snapshot (a schedule prices every batch size up to max_num_seqs)."""
+    def lengths() -> tuple[int, ...]:
         done = [r for r in snap.requests if r.generation_tokens]
         recent = [r for r in done if r.finished_at >= snap.time - snap.window_seconds]
-        chosen = [r.generation_tokens or 0 for r in recent or done]
-        return sum(chosen) / len(chosen) if chosen else None
+        return tuple(r.generation_tokens or 0 for r in recent or done)
 
-    return derived.once(snap, ("output_length",), mean)
+    return derived.once(snap, ("output_lengths",), lengths)
+
+
+def _output_length(snap: Snapshot) -> float | None:
+    """A finished request's output tokens, the mean of :func:`output_lengths`; None without one."""
+    lengths = output_lengths(snap)
+    return sum(lengths) / len(lengths) if lengths else None
 
 
 def draft_prefill(snap: Snapshot) -> float:

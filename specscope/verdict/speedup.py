@@ -245,12 +245,13 @@ def _estimate(snap: Snapshot, cost: CostRatio | None, batch_size: int | None) ->
     tokens = observed if observed is not None else acc.tokens_per_step(k, rates, a)
     rho, draft_prefill = prefill.prefill_per_decode(snap, batch, tokens), prefill.draft_prefill(snap)
     verify = _verify_part(snap, batch, measured)
+    kept = kept_shares(snap, rates, a, tokens)
 
     def speedup_from_running_k(j: int, rates: tuple[float, ...], a: float, tokens: float, c: float,
                                fixed: float = uncertainty.DRAFT_FIXED) -> float:
         """End-to-end speedup at K = ``j`` > 0 for these inputs (:func:`decode_step`'s decode speedup, with the
         prefill the running K's steps carried)."""
-        gained, step = decode_step(j, k, rates, a, tokens, c, verify, fixed)
+        gained, step = decode_step(j, k, rates, a, tokens, c, verify, fixed, kept)
         return acc.end_to_end(gained / step, tokens / (k * c + 1.0), rho or 0.0, draft_prefill)
 
     by_k = (1.0, *(speedup_from_running_k(j, rates, a, tokens, cost.value) for j in range(1, acc.K_MAX + 1)))
@@ -267,24 +268,46 @@ def _estimate(snap: Snapshot, cost: CostRatio | None, batch_size: int | None) ->
         k0_speedup=acc.end_to_end(k0, decode_now, rho or 0.0, draft_prefill), k0_basis=k0_basis,
         caveat=(LOSSY_CAVEAT if lossy_verification(snap.engine) else "") + _slow_baseline(snap, measured),
         interval=interval, interval_basis=basis, interval_requests=requests, draws=draws,
-        decode_at=functools.partial(decode_step, k=k, rates=rates, a=a, tokens=tokens, c=cost.value, verify=verify),
+        decode_at=functools.partial(decode_step, k=k, rates=rates, a=a, tokens=tokens, c=cost.value, verify=verify,
+                                    kept=kept),
     )
 
 
+def _fraction(rates: tuple[float, ...], tokens: float) -> float:
+    """The share of request-steps that drafted, so that the model reproduces the ``tokens`` observed at the running
+    K (n-gram lookup finds no match for some)."""
+    drafted = sum(rates)
+    return min(1.0, max(0.0, (tokens - 1.0) / drafted)) if drafted > 0 else 1.0
+
+
+def kept_shares(snap: Snapshot, rates: tuple[float, ...], a: float, tokens: float) -> tuple[float, ...]:
+    """At K = 0 .. 16, the share of the tokens steps would gain that the window's finished requests keep, their
+    last step dropping the drafts past their end (:func:`~specscope.core.acceptance.kept_share`); all 1.0 without
+    finished requests. Computed once per snapshot and inputs (they do not depend on the batch size)."""
+    def shares() -> tuple[float, ...]:
+        remaining = [n - 1 for n in prefill.output_lengths(snap)]  # a request's first token comes from its prefill
+        fraction = _fraction(rates, tokens)
+        return tuple(acc.kept_share(j, rates, a, remaining, fraction) for j in range(acc.K_MAX + 1))
+
+    return derived.once(snap, ("kept_shares", rates, a, tokens), shares)
+
+
 def decode_step(j: int, k: int, rates: tuple[float, ...], a: float, tokens: float, c: float, verify: float,
-                fixed: float = uncertainty.DRAFT_FIXED) -> tuple[float, float]:
+                fixed: float = uncertainty.DRAFT_FIXED, kept: tuple[float, ...] = ()) -> tuple[float, float]:
     """At K = ``j`` > 0, from what the running K = ``k`` observed (``tokens`` a request gained a step, the positions'
     ``rates``, α ``a``): the tokens a request gains per decode step and the step's cost in plain steps. A draft
     token's c is verifying it (``verify``, which every K pays by the token) and the draft's part, c − verify;
     ``fixed`` is the share of the running K's draft part, k·(c − verify), that a step pays whatever its K (see
     :func:`~specscope.verdict.interval.speedup_interval`), so a step at j costs 1 + j·c + fixed·(c − verify)·(k − j).
+    ``kept`` (:func:`kept_shares`): the share of its gain each K's steps keep at the requests' ends, which the
+    tokens observed at k already hold.
     """
     if j == k:
         return tokens, k * c + 1.0
-    # The share of request-steps that drafted, so that the model reproduces what was observed at the running K.
-    drafted = sum(rates)
-    fraction = min(1.0, max(0.0, (tokens - 1.0) / drafted)) if drafted > 0 else 1.0
-    return acc.tokens_per_step(j, rates, a, fraction), j * c + 1.0 + fixed * max(0.0, c - verify) * (k - j)
+    gained = acc.tokens_per_step(j, rates, a, _fraction(rates, tokens))
+    if kept and kept[k] > 0:
+        gained *= kept[j] / kept[k]
+    return gained, j * c + 1.0 + fixed * max(0.0, c - verify) * (k - j)
 
 
 def _verify_part(snap: Snapshot, batch: int | None, measured: CostRatio | None) -> float:
@@ -329,6 +352,7 @@ def _k0_estimate(snap: Snapshot, cost: CostRatio | None, batch: int, per_positio
     rates = per_position[:k_ref]
     tokens = observed if observed is not None else acc.tokens_per_step(k_ref, rates, a)
     rho, draft_prefill = prefill.prefill_per_decode(snap, batch, 1.0), prefill.draft_prefill(snap)
+    kept = kept_shares(snap, rates, a, tokens)
 
     def speedup_from_draft_pass(j: int, rates: tuple[float, ...], a: float, tokens: float, c0: float,
                                 fixed: float = uncertainty.FIXED) -> float:
@@ -339,9 +363,8 @@ def _k0_estimate(snap: Snapshot, cost: CostRatio | None, batch: int, per_positio
         now = 1.0 / (1.0 + c0)
         if j == 0:
             return acc.end_to_end(now, now, rho or 0.0, draft_prefill)
-        drafted = sum(rates)
-        fraction = min(1.0, max(0.0, (tokens - 1.0) / drafted)) if drafted > 0 else 1.0
-        decode = acc.tokens_per_step(j, rates, a, fraction) / (j * (c0 + verify) + 1.0 - (j - 1) * fixed * c0)
+        gained = acc.tokens_per_step(j, rates, a, _fraction(rates, tokens)) * kept[j] / (kept[k_ref] or 1.0)
+        decode = gained / (j * (c0 + verify) + 1.0 - (j - 1) * fixed * c0)
         return acc.end_to_end(decode, now, rho or 0.0, draft_prefill)
 
     point = (rates, a, tokens)

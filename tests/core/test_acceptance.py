@@ -88,6 +88,25 @@ def test_tokens_per_step_follows_observed_positions_and_extends_with_alpha() -> 
     assert acc.tokens_per_step(4, rates, 0.6, draft_fraction=0.5) == pytest.approx(1 + sum(rates) / 2)
 
 
+def test_a_requests_last_step_keeps_only_the_tokens_it_still_needs() -> None:
+    # Every draft accepted whole at K = 4: a step gains 5 tokens. A request needing 7 more takes two steps and keeps
+    # 7 of the 10 they would gain; one needing 10 keeps them all.
+    assert acc.kept_share(4, [1.0] * 4, 1.0, [7]) == pytest.approx(0.7)
+    assert acc.kept_share(4, [1.0] * 4, 1.0, [10]) == pytest.approx(1.0)
+    assert acc.kept_share(4, [1.0] * 4, 1.0, [7, 10]) == pytest.approx(17 / 20)
+    # K = 1, half the drafts accepted: a step gains 1 or 2 tokens, 1.5 on average. Needing 1 token: one step, 1 kept.
+    # Needing 2: one step half the time, two the other half, 1.5 steps for 2 tokens.
+    assert acc.kept_share(1, [0.5], 0.5, [1]) == pytest.approx(1 / 1.5)
+    assert acc.kept_share(1, [0.5], 0.5, [2]) == pytest.approx(2 / (1.5 * 1.5))
+    assert acc.kept_share(0, [0.5], 0.5, [2]) == acc.kept_share(4, [0.5], 0.5, []) == 1.0
+    # Longer drafts lose more at the end; long requests next to nothing (priced past a few drafts by the renewal
+    # slope: within 0.1% of stepping through every token).
+    rates, ends = [0.96, 0.91, 0.87, 0.83], list(range(31, 96))
+    shares = [acc.kept_share(k, rates, 0.95, ends) for k in (1, 4, 8, 16)]
+    assert shares == sorted(shares, reverse=True) and 0.88 < shares[-1] < 0.92
+    assert acc.kept_share(16, rates, 0.95, [5000]) > 0.995
+
+
 def test_end_to_end_speedup_dilutes_decode_speedup_with_prefill() -> None:
     assert acc.end_to_end(2.0, 2.0, 0.0) == pytest.approx(2.0)
     # A request spends 1 s in prefill and 1 s in decode at 2x: without speculation it would take 1 + 2 = 3 s.

@@ -12,7 +12,7 @@ import pytest
 
 from specscope.core import acceptance as acc
 from specscope.core import codec
-from specscope.core.model import CostRatio, EngineInfo, EngineSetup, StepProfile, StepTime
+from specscope.core.model import CostRatio, EngineInfo, EngineSetup, RequestRecord, StepProfile, StepTime
 from specscope.export.alerts.evaluate import Evaluator
 from specscope.export.alerts.rules import BY_RULE, Thresholds
 from specscope.state.hub import Hub, StepStats
@@ -317,6 +317,28 @@ def test_each_ks_point_is_the_tokens_a_step_gains_over_the_steps_cost(tmp_path: 
         # timed: all of c is the draft's).
         assert step == pytest.approx(1 + j * c + DRAFT_FIXED * c * (4 - j))
         assert one.by_k[j] == pytest.approx((rho / 1.25 + now) / (rho + now * step / tokens))
+
+
+def test_short_requests_lose_a_larger_ks_drafts_past_their_end(tmp_path: Path) -> None:
+    """A request's last step keeps only the tokens it still needs: priced from the window's finished requests, relative
+    to the running K, whose observed tokens already hold it."""
+    clock = Clock()
+    hub = speculative_hub(clock)  # every request accepts its first 3 draft tokens: 4 tokens a step at K = 4
+    with_baseline(hub, tmp_path)
+    snap = hub.snapshot()
+
+    def with_outputs(tokens: int) -> Any:
+        return replace(snap, requests=tuple(RequestRecord(f"r{i}", i, snap.time, generation_tokens=tokens)
+                                            for i in range(8)))
+
+    plain, short, long = (estimate(s, batch_size=1) for s in (snap, with_outputs(8), with_outputs(4001)))
+    assert plain is not None and short is not None and long is not None
+    assert plain.decode_at is not None and short.decode_at is not None and long.decode_at is not None
+    # 7 tokens after the first: at K = 4, steps of 4 and 3 (7 kept of 8); at K = 2, steps of 3, 3 and 1 (7 of 9).
+    assert plain.decode_at(2)[0] == pytest.approx(3.0)
+    assert short.decode_at(2)[0] == pytest.approx(3.0 * (7 / 9) / (7 / 8))
+    assert short.decode_at(4) == plain.decode_at(4)  # the running K as observed
+    assert long.decode_at(2)[0] == pytest.approx(3.0, rel=1e-3)
 
 
 def test_prefill_at_other_batch_sizes_counts_per_request() -> None:
