@@ -86,7 +86,7 @@ def summary(rows: list[dict[str, Any]], running_k: int = 4) -> dict[str, dict[st
 
 def main() -> None:
     rows = [r for pattern in ("truth_fresh_*.json", "diag_*.json") for path in sorted(RESULTS.glob(pattern))
-            for r in rows_of(path)]
+            if not path.name.endswith(".snapshot.json") for r in rows_of(path)]
     write("k_curve", {"what": __doc__.splitlines()[0], "summary": summary(rows), "rows": rows})
 
 
