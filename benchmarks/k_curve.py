@@ -10,6 +10,8 @@ alike, drops out of the comparison:
 
 - ``tokens``: (tokens at j / at the running K) predicted over measured, minus one. Positive: acceptance at j
   over-valued (past the drafted positions, the geometric extension).
+- ``tokens_unkept``: the same, had a request's last step kept every token its drafts gained (the verdict before
+  it priced what requests' ends drop: :func:`specscope.core.acceptance.kept_share`).
 - ``step``: (step at j / at the running K) predicted over measured, minus one. Negative: the step at j priced too
   cheap.
 - ``decode``: (1 + tokens) / (1 + step) − 1, the decode speedup at j relative to the running K's, over-valued where
@@ -62,11 +64,12 @@ def rows_of(path: Path) -> list[dict[str, Any]]:
                     continue
                 pred_tok, pred_step = est.decode_at(j)
                 tokens = (pred_tok / pred_tok_k) / (tok / tok_k) - 1.0
+                unkept = (est.decode_at(j, kept=())[0] / pred_tok_k) / (tok / tok_k) - 1.0
                 step = (pred_step / pred_step_k) / (ms / ms_k) - 1.0
                 out.append({"file": path.name, "pair": name, "batch": int(b), "k": j, "advice": label == "advice",
                             "tokens_measured": tok, "tokens_predicted": round(pred_tok * tok_k / pred_tok_k, 3),
                             "step_ms_measured": ms, "step_ms_predicted": round(pred_step * ms_k / pred_step_k, 2),
-                            "tokens": round(tokens, 3), "step": round(step, 3),
+                            "tokens": round(tokens, 3), "tokens_unkept": round(unkept, 3), "step": round(step, 3),
                             "decode": round((1.0 + tokens) / (1.0 + step) - 1.0, 3)})
     return out
 
@@ -80,7 +83,7 @@ def summary(rows: list[dict[str, Any]], running_k: int = 4) -> dict[str, dict[st
         sel = [r for r in rows if within(r["k"])]
         if sel:
             out[name] = {"cells": len(sel), **{part: round(statistics.median(r[part] for r in sel), 3)
-                                               for part in ("tokens", "step", "decode")}}
+                                               for part in ("tokens", "tokens_unkept", "step", "decode")}}
     return out
 
 
