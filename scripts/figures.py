@@ -33,7 +33,8 @@ FRESH = {"fresh": "truth_fresh_56479.json", "fresh2": "truth_fresh_282999.json",
          "fresh8": "truth_fresh_356101_ngram.json", "fresh9": "truth_fresh_356101_draft0.json",
          "fresh10": "truth_fresh_356101_draft1.json", "fresh11": "truth_fresh_356101_eagle3.json",
          "fresh12": "truth_fresh_56479_ngram.json", "fresh13": "truth_fresh_56479_draft1.json",
-         "fresh14": "truth_fresh_333557_draft1.json", "fresh15": "truth_fresh_62829_draft0.json"}
+         "fresh14": "truth_fresh_333557_draft1.json", "fresh15": "truth_fresh_62829_draft0.json",
+         "fresh16": "truth_fresh_487058_draft0.json"}
 DASH = "\u2013"  # the docs' range dash
 MARK = re.compile(r"<!-- fig ([\w.-]+) -->([^<]*)<!-- /fig -->")
 
@@ -421,6 +422,23 @@ FIGURES |= {f"holdout.{name}": ("acceptance_holdout.json", lambda d, family=fami
                                                         num(d, "by_family", family, "max_ratio"),
                                                         int(num(d, "by_family", family, "pair_traffics"))))
             for name, family in {"draft": "draft model", "eagle3": "EAGLE-3 head", "ngram": "n-gram lookup"}.items()}
+#: Each K's tokens a step and step cost, predicted beside its own engine's steps (``k_curve.json``): the median errors
+#: relative to the running K, below it, at 5-6 and at 7 and over.
+FIGURES |= {f"k_curve.{key}": ("k_curve.json", lambda d, group=group: "tokens {} ({} had a last step kept every "
+                               "token), step {}, over {} cells".format(
+                                   *(f"{num(d, 'summary', group, part):+.1%}" for part in ("tokens", "tokens_unkept",
+                                                                                          "step")),
+                                   int(num(d, "summary", group, "cells"))))
+            for key, group in {"below": "below the running K", "near": "5-6", "far": "7 and over"}.items()}
+#: One K at one batch size served twice, by the advice's own engine and a fixed K's cell (``advice_noise.json``): how
+#: many pairs of the two measurements, how many more than 5% apart, and their ratio's quartiles.
+FIGURES |= {"advice_noise.pairs": ("advice_noise.json", lambda d: str(int(num(d, "pairs")))),
+            "advice_noise.apart": ("advice_noise.json", lambda d: "{} of {}".format(
+                int(num(d, "under_95pct") + num(d, "over_105pct")), int(num(d, "pairs")))),
+            "advice_noise.under": ("advice_noise.json", lambda d: "{} of {}".format(
+                int(num(d, "under_95pct")), int(num(d, "pairs")))),
+            "advice_noise.quartiles": ("advice_noise.json", lambda d: "{:.2f}{}{:.2f}".format(
+                d["quartiles"][0], DASH, d["quartiles"][1]))}
 #: One target's plain step served at batch 1 on chat traffic, in ms, in two runs on it: the machine's speed each day.
 FIGURES |= {f"{prefix}.plain_chat_b1": (FRESH[prefix], lambda d, pair=pair: "{:.1f}".format(
     num(d, "pairs", f"{pair}-chat", "plain_serving_ms", "1"))) for prefix, pair in (("fresh4", "eagle3"),
