@@ -720,6 +720,10 @@ def main() -> None:
         if (args.ks or args.batches) and not args.results:
             print("--ks and --batches make a diagnostic run: name its results (--results NAME)", file=sys.stderr)
             sys.exit(2)
+        for flag, value, most in (("--ks", args.ks, 16), ("--batches", args.batches, 256)):
+            if value and not all(v.strip().isdigit() and 1 <= int(v) <= most for v in value.split(",")):
+                print(f"{flag} takes whole numbers from 1 to {most}, comma-separated: {value!r}", file=sys.stderr)
+                sys.exit(2)
         fresh_seed(args.fresh if args.fresh >= 0 else random.SystemRandom().randrange(1_000_000), args)
         return
     args.results = args.results or "truth_user"
