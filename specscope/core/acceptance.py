@@ -125,11 +125,15 @@ def tokens_per_step(k: int, per_position: Sequence[float], a: float, draft_fract
     """
     if k <= 0:
         return 1.0
-    gained = sum(per_position[:k])
-    if k > len(per_position):
-        last = per_position[-1] if per_position else 1.0
-        gained += last * sum(a ** j for j in range(1, k - len(per_position) + 1))
-    return 1.0 + draft_fraction * gained
+    return 1.0 + draft_fraction * sum(extended_rates(k, per_position, a))
+
+
+def extended_rates(k: int, per_position: Sequence[float], a: float) -> list[float]:
+    """The unconditional rates of positions 1..``k``: those observed, then the last one's extended geometrically
+    with α."""
+    last = per_position[-1] if per_position else 1.0
+    return [per_position[i] if i < len(per_position) else last * a ** (i + 1 - len(per_position))
+            for i in range(k)]
 
 
 def kept_share(k: int, per_position: Sequence[float], a: float, remaining: Sequence[int],
@@ -145,10 +149,7 @@ def kept_share(k: int, per_position: Sequence[float], a: float, remaining: Seque
     1 / (tokens a step) a token (a renewal process), which prices longer requests without stepping through them."""
     if k <= 0 or not remaining:
         return 1.0
-    rates = [1.0] + [per_position[i] if i < len(per_position) else
-                     (per_position[-1] if per_position else 1.0) * a ** (i + 1 - len(per_position))
-                     for i in range(k)]
-    rates = [draft_fraction * r for r in rates[1:]]
+    rates = [draft_fraction * r for r in extended_rates(k, per_position, a)]
     accepted = [1.0 - rates[0]] + [rates[i] - rates[i + 1] for i in range(k - 1)] + [rates[-1]]
     gained = 1.0 + sum(rates)
     horizon = min(max(remaining), 16 * (k + 1))
