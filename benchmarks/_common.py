@@ -87,6 +87,20 @@ def write(name: str, result: dict[str, Any], *, seed: int | None = None, judged:
     print(json.dumps(result, indent=2))
 
 
+def as_run_results(*patterns: str) -> list[tuple[str, dict[str, Any]]]:
+    """The results files matching ``patterns`` whose pairs were measured as run: neither a replay nor the snapshots
+    saved beside them. Each one's stem and document, by pattern, then name."""
+    out = []
+    for pattern in patterns:
+        for path in sorted(RESULTS.glob(pattern)):
+            if path.name.endswith(".snapshot.json"):
+                continue
+            doc = json.loads(path.read_text())
+            if doc.get("judged", "as-run") == "as-run" and "pairs" in doc:
+                out.append((path.stem, doc))
+    return out
+
+
 def serve(target: Path, spec: dict[str, Any] | None, engine: list[str], log: Path,
           env: dict[str, str] | None = None) -> tuple[Any, str]:
     """A ``vllm serve`` of ``target`` with specscope's plugin and middleware (the suite's launcher), once /health

@@ -11,7 +11,6 @@ the as-run results (no replay); engine-free.
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._common import RESULTS, write
+from benchmarks._common import as_run_results, write
 from specscope.verdict import scheduled_k
 
 
@@ -41,11 +40,7 @@ def rows_of(doc: dict[str, Any], file: str) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    rows = []
-    for path in sorted(RESULTS.glob("truth_fresh_*.json")):
-        doc = json.loads(path.read_text())
-        if doc.get("judged", "as-run") == "as-run" and "pairs" in doc:
-            rows += rows_of(doc, path.name)
+    rows = [r for stem, doc in as_run_results("truth_fresh_*.json") for r in rows_of(doc, f"{stem}.json")]
     ratios = sorted(r["ratio"] for r in rows)
     q1, _, q3 = statistics.quantiles(ratios, n=4)
     write("advice_noise", {"what": __doc__.splitlines()[0], "pairs": len(ratios),

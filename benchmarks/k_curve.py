@@ -33,20 +33,19 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._common import RESULTS, write
+from benchmarks._common import RESULTS, as_run_results, write
 from specscope.core import codec
 from specscope.verdict import estimate, scheduled_k
 
 
-def rows_of(path: Path) -> list[dict[str, Any]]:
-    """Each (pair and traffic, batch size, K) of one results file that kept ``steps_by_k``."""
-    doc = json.loads(path.read_text())
+def rows_of(stem: str, doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each (pair and traffic, batch size, K) of one results file (``stem``) that kept ``steps_by_k``."""
     out = []
     for name, pair in doc["pairs"].items():
         steps = pair.get("steps_by_k")
         if not steps:
             continue
-        snap = codec.from_dict(json.loads((RESULTS / f"{path.stem}_{name}.snapshot.json").read_text()))
+        snap = codec.from_dict(json.loads((RESULTS / f"{stem}_{name}.snapshot.json").read_text()))
         k = snap.engine.num_speculative_tokens
         mine = steps.get(str(k))
         if not k or not mine:
@@ -66,7 +65,7 @@ def rows_of(path: Path) -> list[dict[str, Any]]:
                 tokens = (pred_tok / pred_tok_k) / (tok / tok_k) - 1.0
                 unkept = (est.decode_at(j, kept=())[0] / pred_tok_k) / (tok / tok_k) - 1.0
                 step = (pred_step / pred_step_k) / (ms / ms_k) - 1.0
-                out.append({"file": path.name, "pair": name, "batch": int(b), "k": j, "advice": label == "advice",
+                out.append({"file": f"{stem}.json", "pair": name, "batch": int(b), "k": j, "advice": label == "advice",
                             "tokens_measured": tok, "tokens_predicted": round(pred_tok * tok_k / pred_tok_k, 3),
                             "step_ms_measured": ms, "step_ms_predicted": round(pred_step * ms_k / pred_step_k, 2),
                             "tokens": round(tokens, 3), "tokens_unkept": round(unkept, 3), "step": round(step, 3),
@@ -88,8 +87,7 @@ def summary(rows: list[dict[str, Any]], running_k: int = 4) -> dict[str, dict[st
 
 
 def main() -> None:
-    rows = [r for pattern in ("truth_fresh_*.json", "diag_*.json") for path in sorted(RESULTS.glob(pattern))
-            if not path.name.endswith(".snapshot.json") for r in rows_of(path)]
+    rows = [r for stem, doc in as_run_results("truth_fresh_*.json", "diag_*.json") for r in rows_of(stem, doc)]
     write("k_curve", {"what": __doc__.splitlines()[0], "summary": summary(rows), "rows": rows})
 
 
