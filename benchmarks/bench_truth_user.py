@@ -624,9 +624,10 @@ def fresh_seed(seed: int, args: argparse.Namespace) -> None:
     ks: tuple[int, ...] = FRESH_KS
     if args.only:
         drawn = [p for p in drawn if p.name in args.only.split(",")]
-    if args.ks or args.batches:  # a diagnostic run: other Ks or batch sizes than the truth run's
-        ks = tuple(sorted({int(k) for k in (args.ks or ",".join(map(str, ks))).split(",")} | {RUNNING_K}))
-        batches = tuple(sorted({int(b) for b in (args.batches or ",".join(map(str, batches))).split(",")}))
+    if args.ks:  # a diagnostic run: other Ks or batch sizes than the truth run's (parsed by main)
+        ks = tuple(sorted({*args.ks, RUNNING_K}))
+    if args.batches:
+        batches = args.batches
     if args.smoke:
         drawn, shapes, batches, ks = drawn[:1], ("chat",), (1, 16), (2, RUNNING_K)
         args.min_rounds = args.max_rounds = 1
@@ -720,10 +721,12 @@ def main() -> None:
         if (args.ks or args.batches) and not args.results:
             print("--ks and --batches make a diagnostic run: name its results (--results NAME)", file=sys.stderr)
             sys.exit(2)
-        for flag, value, most in (("--ks", args.ks, 16), ("--batches", args.batches, 256)):
+        for name, most in (("ks", 16), ("batches", 256)):
+            value = getattr(args, name)
             if value and not all(v.strip().isdigit() and 1 <= int(v) <= most for v in value.split(",")):
-                print(f"{flag} takes whole numbers from 1 to {most}, comma-separated: {value!r}", file=sys.stderr)
+                print(f"--{name} takes whole numbers from 1 to {most}, comma-separated: {value!r}", file=sys.stderr)
                 sys.exit(2)
+            setattr(args, name, tuple(sorted({int(v) for v in value.split(",")})) if value else None)
         fresh_seed(args.fresh if args.fresh >= 0 else random.SystemRandom().randrange(1_000_000), args)
         return
     args.results = args.results or "truth_user"
