@@ -112,11 +112,17 @@ def _fit_misses(base: StepProfile, batch_size: int) -> bool:
     nearest ``batch_size`` by more than the drift between moments the anchor corrects (:data:`uncertainty.DRIFT`):
     there the fit's error is the larger of the two. A 13-layer, width-768 target on a 2-core CPU ran its one-token
     forward at batch 1 slower than its four-request forward at batch 4, which no line holds: the fit missed both by
-    15-19%, and the plain step it anchored came 25% under what was served (docs/speed-anchor.md). False where no
+    15-19%, and the plain step it anchored came 25% under what was served (docs/speed-anchor.md). Calibrated at two
+    batch sizes, the fit holds both decode forwards by pricing a request under nothing (an 8-layer, width-768 target
+    at batch 1 and 4: -1.45 ms a request, both within 1%; its anchored plain step came 34% under the one served):
+    a fit whose request costs less than nothing has taken such a forward in, and misses too. False where no
     calibrated batch size timed its forwards (nothing to check the fit on)."""
     rows = [t for t in base.times if t.forwards >= MIN_STEPS and t.forward_s > 0]
     if not rows:
         return False
+    fit = fit_forward(base.forward_moments)
+    if fit is not None and fit[1] < 0:
+        return True
     near = min(rows, key=lambda t: abs(t.batch_size - batch_size))
     then = forward_at(base, near.batch_size, near.forward_tokens)
     return then is None or abs(then / near.forward_s - 1) > uncertainty.DRIFT

@@ -208,17 +208,18 @@ def test_a_k_other_than_the_running_one_carries_the_unknown_fixed_cost_of_a_step
     assert tokens_8 / step(8, 0.03) > est.low[8] >= tokens_8 / step(8, 0.0)
 
 
-def forward_baseline(scale: float = 1.0, prompts: bool = True, one: float = 1.0) -> StepProfile:
-    """Plain steps of 3.6, 4.0 and 6.0 ms at batch 1, 4 and 16 (times ``scale``: a machine that ran slower), each
-    with its target forwards timed: the decode steps', a token a request (batch 1's ``one`` times the machine's
-    line), and (with ``prompts``) the 20-token prompts' before them."""
+def forward_baseline(scale: float = 1.0, prompts: bool = True, one: float = 1.0,
+                     sizes: tuple[int, ...] = (1, 4, 16)) -> StepProfile:
+    """Plain steps of 3.6, 4.0 and 6.0 ms at batch 1, 4 and 16 (of them, ``sizes``; times ``scale``: a machine that
+    ran slower), each with its target forwards timed: the decode steps', a token a request (batch 1's ``one`` times
+    the machine's line), and (with ``prompts``) the 20-token prompts' before them."""
     def decode(b: int) -> float:
         return scale * forward(b, b) * (one if b == 1 else 1.0)
 
-    rows = [(b, b, 50, 50 * decode(b)) for b in (1, 4, 16)]
-    rows += [(b, 20 * b, 1, scale * forward(b, 20 * b)) for b in (1, 4, 16) if prompts]
+    rows = [(b, b, 50, 50 * decode(b)) for b in sizes]
+    rows += [(b, 20 * b, 1, scale * forward(b, 20 * b)) for b in sizes if prompts]
     return StepProfile(tuple(StepTime(b, 50, scale * t, forwards=50, forward_s=decode(b), forward_tokens=float(b))
-                             for b, t in ((1, 0.0036), (4, 0.0040), (16, 0.0060))),
+                             for b, t in ((1, 0.0036), (4, 0.0040), (16, 0.0060)) if b in sizes),
                        "b", SETUP, tuple(forward_moments(rows)))
 
 
@@ -269,6 +270,28 @@ def test_a_fit_that_misses_the_calibrations_own_forward_does_not_anchor(one: flo
     hub = speculative_hub(Clock())
     hub.record_forwards(0, [(1, 5, 30, 30 * 1.2 * forward(1, 5))], 5)
     hub.set_baseline(forward_baseline(one=one))
+    got = measured_cost(hub.snapshot(), 1)
+    assert got is not None and got.anchored == anchored
+    if not anchored:
+        assert got.value == pytest.approx((0.008 / 0.0036 - 1) / 4)
+
+
+@pytest.mark.parametrize(("one", "anchored"), [(1.05, True), (1.6, False)])
+def test_a_fit_through_two_batch_sizes_that_prices_a_request_under_nothing_does_not_anchor(
+        one: float, anchored: bool) -> None:
+    """Calibrated at batch 1 and 4 alone, the same one-token forward at 1.6 times the line is held by the fit within
+    1%: it prices a request at -0.38 ms, and would take the verify forward's five tokens at batch 1 (on the line) for
+    a machine 24% faster. A fit whose request costs less than nothing has taken in a forward off its line: the plain
+    step is priced as calibrated. At 1.05 times the line a request costs 0.01 ms and the fit anchors."""
+    from specscope.verdict.forward import fit_forward
+
+    base = forward_baseline(one=one, sizes=(1, 4))
+    fit = fit_forward(base.forward_moments)
+    assert fit is not None and (fit[1] >= 0) == anchored
+    assert fit[0] + fit[1] + fit[2] == pytest.approx(base.times[0].forward_s, rel=0.01)  # it holds batch 1's forward
+    hub = speculative_hub(Clock())
+    hub.record_forwards(0, [(1, 5, 30, 30 * forward(1, 5))], 5)
+    hub.set_baseline(base)
     got = measured_cost(hub.snapshot(), 1)
     assert got is not None and got.anchored == anchored
     if not anchored:
