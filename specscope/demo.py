@@ -57,7 +57,7 @@ SCENARIOS = ("tokenizer check", "baseline (no speculation)", f"good draft (layer
 BATCHES = (1, 16)
 TOKENS = 96
 #: Seconds of each engine's window in a round of the good draft's measured speedup.
-ROUND_S = 5.0
+ROUND_S = 4.0
 #: Seconds the good draft serves the first sample at each batch size before specscope predicts.
 PREDICT_S = 6.0
 #: Prefix caching off, as in the benchmarks and ``specscope evaluate``: the plain engine, warm from the calibration and

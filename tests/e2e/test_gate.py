@@ -27,7 +27,7 @@ PROMPTS = FIXTURES / "evaluate-prompts.jsonl"
 def gate(tiny: dict[str, Path], tmp_path: Path, candidate: str, incumbent: str) -> tuple[int, dict[str, Any], str]:
     args = [str(tiny["deep01-target"]), "--draft", str(tiny[candidate]), "--incumbent", str(tiny[incumbent]),
             "--prompts", str(PROMPTS), "--gate", "--weak", "chat", "--k", "2", "--batch-sizes", "1", "--rounds", "3",
-            "--window-s", "2", "--max-tokens", "64", "--json", str(tmp_path / f"{candidate}.json"),
+            "--window-s", "2", "--max-tokens", "32", "--json", str(tmp_path / f"{candidate}.json"),
             "-o", str(tmp_path / f"{candidate}.html")]
     for key, value in {**ENGINE_KW, "max_model_len": 1024}.items():
         args += ["--engine-arg", f"{key}={json.dumps(value)}"]
@@ -40,7 +40,8 @@ def test_the_gate_promotes_the_good_draft_over_an_unrelated_one_and_rejects_the_
         tiny: dict[str, Path], engines: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     engines.close()  # the command starts its own engines
-    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "")  # recorded, so that what the command sets is undone after the test
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL")  # the command sets it for its process
     code, doc, page = gate(tiny, tmp_path, "deep01-draft", "independent")
     r = capsys.readouterr()
     print(r.out)
