@@ -35,7 +35,8 @@ FRESH = {"fresh": "truth_fresh_56479.json", "fresh2": "truth_fresh_282999.json",
          "fresh12": "truth_fresh_56479_ngram.json", "fresh13": "truth_fresh_56479_draft1.json",
          "fresh14": "truth_fresh_333557_draft1.json", "fresh15": "truth_fresh_62829_draft0.json",
          "fresh16": "truth_fresh_487058_draft0.json", "fresh17": "truth_fresh_885482_draft0.json",
-         "fresh18": "truth_fresh_580813_eagle3.json", "fresh19": "truth_fresh_901603_ngram.json"}
+         "fresh18": "truth_fresh_580813_eagle3.json", "fresh19": "truth_fresh_901603_ngram.json",
+         "fresh20": "truth_fresh_703433_draft1.json"}
 DASH = "\u2013"  # the docs' range dash
 MARK = re.compile(r"<!-- fig ([\w.-]+) -->([^<]*)<!-- /fig -->")
 
