@@ -97,14 +97,18 @@ def forward_at(base: StepProfile, requests: int, tokens: float) -> float | None:
     """The baseline's target forward for ``requests`` requests running ``tokens`` tokens in all (a plain decode step
     at batch b runs b, a speculative one b·(K+1)), from the fit over every forward its calibration timed, prompts
     and decode steps (:func:`specscope.verdict.forward.fit_forward`); None without a fit, past
-    :data:`FORWARD_REACH` times its largest batch size, or where the fit says a token costs nothing."""
+    :data:`FORWARD_REACH` times its largest batch size, or where the fit says a token costs nothing or a request less
+    than nothing. Calibrated at two batch sizes, a fit holds a one-token forward that runs off the line the others
+    make (slower than the four-request one, as on width-768 targets on a 2-core CPU) by pricing a request under
+    nothing: an 8-layer, width-768 target at batch 1 and 4 gave -1.45 ms a request, both decode forwards within 1%,
+    and its anchored plain step came 34% under the one served; :func:`_fit_misses` cannot see it there."""
     fit = fit_forward(base.forward_moments)
     largest = max((t.batch_size for t in base.times if t.steps >= MIN_STEPS), default=0)
     if fit is None or requests > FORWARD_REACH * largest:
         return None
     a, per_request, per_token = fit
     value = a + per_request * requests + per_token * tokens
-    return value if per_token > 0 and value > 0 else None
+    return value if per_token > 0 and per_request >= 0 and value > 0 else None
 
 
 def _fit_misses(base: StepProfile, batch_size: int) -> bool:
@@ -112,17 +116,11 @@ def _fit_misses(base: StepProfile, batch_size: int) -> bool:
     nearest ``batch_size`` by more than the drift between moments the anchor corrects (:data:`uncertainty.DRIFT`):
     there the fit's error is the larger of the two. A 13-layer, width-768 target on a 2-core CPU ran its one-token
     forward at batch 1 slower than its four-request forward at batch 4, which no line holds: the fit missed both by
-    15-19%, and the plain step it anchored came 25% under what was served (docs/speed-anchor.md). Calibrated at two
-    batch sizes, the fit holds both decode forwards by pricing a request under nothing (an 8-layer, width-768 target
-    at batch 1 and 4: -1.45 ms a request, both within 1%; its anchored plain step came 34% under the one served):
-    a fit whose request costs less than nothing has taken such a forward in, and misses too. False where no
+    15-19%, and the plain step it anchored came 25% under what was served (docs/speed-anchor.md). False where no
     calibrated batch size timed its forwards (nothing to check the fit on)."""
     rows = [t for t in base.times if t.forwards >= MIN_STEPS and t.forward_s > 0]
     if not rows:
         return False
-    fit = fit_forward(base.forward_moments)
-    if fit is not None and fit[1] < 0:
-        return True
     near = min(rows, key=lambda t: abs(t.batch_size - batch_size))
     then = forward_at(base, near.batch_size, near.forward_tokens)
     return then is None or abs(then / near.forward_s - 1) > uncertainty.DRIFT
