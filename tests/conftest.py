@@ -34,6 +34,8 @@ SLOW_MARKERS = ("engine", "server")
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--quick", action="store_true",
                      help="the inner loop: leave out the tests that start a vLLM engine or a server process")
+    parser.addoption("--slow", action="store_true",
+                     help="only the tests --quick leaves out (./dev test runs the --quick ones beside them)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -230,17 +232,18 @@ FOLLOWS = {"test_verdict.py": "test_heads.py"}
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """With ``--quick``, leave out the tests marked :data:`SLOW_MARKERS`. Then run each engine configuration's tests
+    """With ``--quick``, leave out the tests marked :data:`SLOW_MARKERS`; with ``--slow``, keep only them. Then run each engine configuration's tests
     together: pytest groups a module-scoped parametrized fixture by the *index* of its parameter, and an indirect
     parametrization (``["copy"]``) numbers from 0 again, so each such test would restart an engine (~35 s). Within
     a module the tests are stably sorted by their ``run`` value. Last, the modules in :data:`FOLLOWS` move to just
     after the module they share an engine with."""
-    if config.getoption("quick"):
-        kept: list[pytest.Item] = []
+    if config.getoption("quick") or config.getoption("slow"):
+        quick: list[pytest.Item] = []
         slow: list[pytest.Item] = []
         for item in items:
-            (slow if any(item.get_closest_marker(m) for m in SLOW_MARKERS) else kept).append(item)
-        config.hook.pytest_deselected(items=slow)
+            (slow if any(item.get_closest_marker(m) for m in SLOW_MARKERS) else quick).append(item)
+        kept, left = (quick, slow) if config.getoption("quick") else (slow, quick)
+        config.hook.pytest_deselected(items=left)
         items[:] = kept
     start = 0
     while start < len(items):
