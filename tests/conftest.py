@@ -232,11 +232,11 @@ FOLLOWS = {"test_verdict.py": "test_heads.py"}
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """With ``--quick``, leave out the tests marked :data:`SLOW_MARKERS`; with ``--slow``, keep only them. Then run each engine configuration's tests
-    together: pytest groups a module-scoped parametrized fixture by the *index* of its parameter, and an indirect
-    parametrization (``["copy"]``) numbers from 0 again, so each such test would restart an engine (~35 s). Within
-    a module the tests are stably sorted by their ``run`` value. Last, the modules in :data:`FOLLOWS` move to just
-    after the module they share an engine with."""
+    """With ``--quick``, leave out the tests marked :data:`SLOW_MARKERS`; with ``--slow``, keep only them. Then run
+    each engine configuration's tests together: pytest groups a module-scoped parametrized fixture by the *index*
+    of its parameter, and an indirect parametrization (``["copy"]``) numbers from 0 again, so each such test would
+    restart an engine (~35 s). Within a module the tests are stably sorted by their ``run`` value. Last, the modules
+    in :data:`FOLLOWS` move to just after the module they share an engine with."""
     if config.getoption("quick") or config.getoption("slow"):
         quick: list[pytest.Item] = []
         slow: list[pytest.Item] = []

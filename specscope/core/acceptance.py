@@ -136,6 +136,22 @@ def extended_rates(k: int, per_position: Sequence[float], a: float) -> list[floa
             for i in range(k)]
 
 
+def extension_check(accepted_per_pos: Sequence[int], drafts: int, draft_tokens_per_pos: Sequence[int] = ()) -> float:
+    """How the geometric extension held on the one position a run can check it on, at most 1.0: the last drafted
+    position's rate observed, over its rate extended from the positions before it as :func:`extended_rates` extends
+    (the one before's rate times their α). Positions past the drafted ones are extended with α times this: where the
+    run's own drafts fell off faster than geometrically (n-gram lookup's matches run out), so do the ones it did not
+    draft; never raised above the geometric line. 1.0 with fewer than two positions or none accepted before the
+    last."""
+    k = len(accepted_per_pos)
+    if k < 2 or not drafts or not accepted_per_pos[k - 2]:
+        return 1.0
+    a = alpha(accepted_per_pos[:k - 1], drafts, draft_tokens_per_pos[:k - 1])
+    if not a:
+        return 1.0
+    return min(1.0, accepted_per_pos[k - 1] / (accepted_per_pos[k - 2] * a))
+
+
 def kept_share(k: int, per_position: Sequence[float], a: float, remaining: Sequence[int],
                draft_fraction: float = 1.0) -> float:
     """The share of the tokens steps would gain (:func:`tokens_per_step`) that requests needing ``remaining`` more

@@ -77,6 +77,14 @@ class SpecCounts:
         return acc.alpha(self.accepted_per_pos, self.drafts, self.draft_tokens_per_pos, self.rejections)
 
     @property
+    def alpha_past_drafted(self) -> float | None:
+        """α for the positions past the drafted ones: α times how the extension held on the last drafted position
+        (:func:`~specscope.core.acceptance.extension_check`)."""
+        a = self.alpha
+        return None if a is None else a * acc.extension_check(self.accepted_per_pos, self.drafts,
+                                                               self.draft_tokens_per_pos)
+
+    @property
     def alpha_position0(self) -> float | None:
         """α estimated from position 0 alone."""
         return acc.alpha_from_position0(self.accepted_per_pos, self.drafts)

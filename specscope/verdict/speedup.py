@@ -229,8 +229,11 @@ def _estimate(snap: Snapshot, cost: CostRatio | None, batch_size: int | None) ->
     k = snap.engine.k_at(batch) if batch else snap.engine.num_speculative_tokens
     if spec is None or spec.alpha is None:
         return None
+    # Past the drafted positions acceptance is extended from the last one with α, as the run's own last position
+    # bore the extension out (SpecCounts.alpha_past_drafted); the estimate shows the α observed.
+    past = spec.alpha_past_drafted or spec.alpha
     if k == 0 and batch and snap.engine.num_speculative_tokens:
-        return _k0_estimate(snap, cost, batch, spec.per_position, spec.alpha)
+        return _k0_estimate(snap, cost, batch, spec.per_position, spec.alpha, past)
     if not k:
         return None
     measured = measured_cost(snap, batch) if cost is None and batch else None
@@ -239,7 +242,7 @@ def _estimate(snap: Snapshot, cost: CostRatio | None, batch_size: int | None) ->
     cost = cost or _weight_floor(snap, measured) or snap.cost_ratio
     if cost is None:
         return None
-    a = spec.alpha
+    a = past
     rates = spec.per_position[:k]
     observed = _observed_tokens(snap, k)
     tokens = observed if observed is not None else acc.tokens_per_step(k, rates, a)
@@ -261,7 +264,7 @@ def _estimate(snap: Snapshot, cost: CostRatio | None, batch_size: int | None) ->
                                                         uncertainty.DRAFT_FIXED_RANGE)
     k0, k0_basis = k0_decode(snap, cost)
     return SpeedupEstimate(
-        alpha=a, k=k, c=cost.value, c_basis=_basis(cost, measured is not None),
+        alpha=spec.alpha, k=k, c=cost.value, c_basis=_basis(cost, measured is not None),
         c_source=cost.source, tokens_per_step=tokens, tokens_observed=observed is not None,
         decode_speedup=decode_now, prefill_share=None if rho is None else rho / (1.0 + rho), by_k=by_k,
         batch_size=batch if measured is not None or observed is not None else None,
@@ -323,14 +326,15 @@ def _verify_part(snap: Snapshot, batch: int | None, measured: CostRatio | None) 
 
 
 def _k0_estimate(snap: Snapshot, cost: CostRatio | None, batch: int, per_position: tuple[float, ...],
-                 a: float) -> SpeedupEstimate | None:
+                 observed_alpha: float, a: float) -> SpeedupEstimate | None:
     """The estimate at a batch size the schedule gives K = 0, on an engine that drafts at others.
 
     Its steps are measured steps of the draft's pass alone (of nothing for n-gram and suffix lookup): the K = 0
     range's speed is measured there, c0 its steps' cost beyond a plain step, and each K > 0 is priced as at any
     batch size, from the acceptance measured where the engine drafted (it depends on the draft and the text, not
     the batch) and c = c0 plus verifying one more token a request (:func:`~specscope.verdict.cost.k0_cost`).
-    Without a baseline, c and the K = 0 range are estimated as elsewhere (:func:`k0_decode`).
+    Without a baseline, c and the K = 0 range are estimated as elsewhere (:func:`k0_decode`). ``a`` extends the
+    acceptance past the drafted positions; ``observed_alpha`` is shown.
     """
     measured = k0_cost(snap, batch) if cost is None else None
     if measured is not None:
@@ -372,7 +376,8 @@ def _k0_estimate(snap: Snapshot, cost: CostRatio | None, batch: int, per_positio
                                                         speedup_from_draft_pass, uncertainty.FIXED_RANGE)
     live = steps_at(snap, batch) is not None
     return SpeedupEstimate(
-        alpha=a, k=0, c=c.value, c_basis=_basis(c, measured is not None), c_source=c.source, tokens_per_step=1.0,
+        alpha=observed_alpha, k=0, c=c.value, c_basis=_basis(c, measured is not None), c_source=c.source,
+        tokens_per_step=1.0,
         tokens_observed=live, decode_speedup=1.0 / (1.0 + c0),
         prefill_share=None if rho is None else rho / (1.0 + rho),
         by_k=(1.0, *(speedup_from_draft_pass(j, *point, c0) for j in range(1, acc.K_MAX + 1))),

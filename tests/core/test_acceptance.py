@@ -88,6 +88,40 @@ def test_tokens_per_step_follows_observed_positions_and_extends_with_alpha() -> 
     assert acc.tokens_per_step(4, rates, 0.6, draft_fraction=0.5) == pytest.approx(1 + sum(rates) / 2)
 
 
+def drafts_with(conditional: list[float], k: int, drafts: int, seed: int = 0) -> list[int]:
+    """Accepted-per-position counts of ``drafts`` K-long drafts whose position i is accepted with probability
+    ``conditional[i]`` once the ones before it were."""
+    rng = random.Random(seed)
+    per_pos = [0] * k
+    for _ in range(drafts):
+        for i in range(k):
+            if rng.random() >= conditional[i]:
+                break
+            per_pos[i] += 1
+    return per_pos
+
+
+def test_the_extension_past_the_drafted_positions_falls_off_as_the_runs_last_position_did() -> None:
+    # A draft whose positions are each accepted alike: the last drafted one bears the geometric extension out.
+    geometric = drafts_with([0.7] * 4, 4, 40_000)
+    assert acc.extension_check(geometric, 40_000) == pytest.approx(1.0, abs=0.03)
+    # n-gram-like: the further a draft reaches, the likelier its match has run out. Drafted at K = 4, the extension
+    # to K = 8 from α alone over-values what K = 8 would gain; from α times the check it comes closer.
+    falling = [0.9, 0.8, 0.65, 0.5, 0.4, 0.3, 0.25, 0.2]
+    at4, at8 = drafts_with(falling, 4, 40_000), drafts_with(falling, 8, 40_000, seed=1)
+    check = acc.extension_check(at4, 40_000)
+    assert 0.55 < check < 0.8
+    a, rates = acc.alpha(at4, 40_000), acc.per_position_rates(at4, 40_000)
+    assert a is not None
+    truth = acc.tokens_per_step(8, acc.per_position_rates(at8, 40_000), 1.0)
+    geometric_error = acc.tokens_per_step(8, rates, a) / truth - 1.0
+    checked_error = acc.tokens_per_step(8, rates, a * check) / truth - 1.0
+    assert geometric_error > 0.08 and abs(checked_error) < geometric_error / 2, (geometric_error, checked_error)
+    # Rates that hold up better than geometrically are never extended above the line (a head's later positions).
+    assert acc.extension_check(drafts_with([0.6, 0.7, 0.8, 0.9], 4, 40_000), 40_000) == 1.0
+    assert acc.extension_check([500], 1000) == acc.extension_check([5, 0], 0) == acc.extension_check([0, 0], 9) == 1.0
+
+
 def test_a_requests_last_step_keeps_only_the_tokens_it_still_needs() -> None:
     # Every draft accepted whole at K = 4: a step gains 5 tokens. A request needing 7 more takes two steps and keeps
     # 7 of the 10 they would gain; one needing 10 keeps them all.

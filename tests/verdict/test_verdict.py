@@ -504,6 +504,28 @@ def test_observed_tokens_per_step_beat_the_alpha_model_at_the_running_k() -> Non
     assert abs(alpha_model - est.tokens_per_step) > 0.1  # what the alpha model alone would have said
 
 
+def test_a_draft_whose_acceptance_falls_off_is_not_extended_geometrically_past_its_k() -> None:
+    """Positions past the running K are extended with α times how the run's own last position bore the geometric
+    extension out (as n-gram lookup's matches run out): the estimate shows the α observed, and prices K = 8 near
+    what drafts of 8 gain, where α alone would over-value it."""
+    from tests.core.test_acceptance import drafts_with
+
+    falling, n = [0.9, 0.8, 0.65, 0.5, 0.4, 0.3, 0.25, 0.2], 4000
+    per_pos = drafts_with(falling, 4, n)
+    reached = [n, *per_pos]
+    accepted = [j for j in range(5) for _ in range(reached[j] - (reached[j + 1] if j < 4 else 0))]
+    hub = Hub()
+    hub.set_engine(EngineInfo(num_speculative_tokens=4, method="ngram"))
+    hub.set_cost_ratio(CostRatio(0.02, "given"))
+    hub.record_step(draft_step(accepted))
+    spec = hub.snapshot().window.spec
+    est = estimate(hub.snapshot())
+    assert est is not None and spec.alpha is not None and est.alpha == spec.alpha
+    truth = acc.tokens_per_step(8, acc.per_position_rates(drafts_with(falling, 8, n, seed=1), n), 1.0)
+    assert est.decode_at is not None and abs(est.decode_at(8)[0] / truth - 1.0) < 0.05
+    assert acc.tokens_per_step(8, spec.per_position, spec.alpha) / truth - 1.0 > 0.08
+
+
 def test_bad_baseline_files_say_what_is_wrong(tmp_path: Path) -> None:
     bad = tmp_path / "b.json"
     for text, words in (("{", "not a specscope baseline"), ('{"step_times": []}', "not a usable baseline"),
