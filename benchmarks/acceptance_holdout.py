@@ -3,9 +3,10 @@
 Past the running K the verdict has no measured acceptance: ``acceptance.tokens_per_step`` extends the last drafted
 position's rate geometrically with α. Each fresh truth run's predicting snapshots (``truth_fresh_*.snapshot.json``,
 one per pair and traffic, drafted at K = 4) hold the rates of positions 1-4. Here position 4 is held out: predicted
-from positions 1-3 by the verdict's own extension (``acceptance.tokens_per_step``: position 3's rate times α, α the
-maximum-likelihood value of positions 1-3 alone, ``acceptance.alpha`` with drafts taken as three long), and set beside
-the rate observed. Engine-free: it reads saved results.
+from positions 1-3 by the verdict's own extension (``acceptance.extended_last``: position 3's rate times α, α the
+maximum-likelihood value of positions 1-3 alone, drafts shorter than three not counted as rejected), and set beside
+the rate observed; the ratio, capped at 1.0, is what the verdict extends past the drafted positions by since
+2026-12-07 (``acceptance.extension_check``). Engine-free: it reads saved results.
 
     python benchmarks/acceptance_holdout.py    # writes benchmarks/results/acceptance_holdout.json
 """
@@ -31,12 +32,12 @@ FAMILIES = {"draft": "draft model", "eagle3": "EAGLE-3 head", "ngram": "n-gram l
 
 
 def held_out(spec: SpecCounts) -> dict[str, float]:
-    """The last drafted position's rate, observed and as the verdict extends it from the positions before it."""
+    """The last drafted position's rate, observed and as the verdict extends it from the positions before it
+    (``acceptance.extended_last``, whose ratio, capped at 1.0, the verdict extends past the drafted positions by)."""
     rates, k = spec.per_position, len(spec.per_position)
-    a = acc.alpha(spec.accepted_per_pos[:k - 1], spec.drafts) or 0.0
-    predicted = acc.tokens_per_step(k, rates[:k - 1], a) - acc.tokens_per_step(k - 1, rates[:k - 1], a)
+    predicted = acc.extended_last(spec.accepted_per_pos, spec.drafts, spec.draft_tokens_per_pos) or 0.0
     return {"position": k, "observed": round(rates[-1], 4), "extended": round(predicted, 4),
-            "ratio": round(rates[-1] / predicted, 3)}
+            "ratio": round(rates[-1] / predicted, 3) if predicted else None}
 
 
 def main() -> None:
@@ -51,7 +52,7 @@ def main() -> None:
         rows.append({"file": path.name, "family": family, **held_out(spec)})
     by_family: dict[str, dict[str, float]] = {}
     for family in FAMILIES.values():
-        ratios = [float(r["ratio"]) for r in rows if r["family"] == family]
+        ratios = [float(r["ratio"]) for r in rows if r["family"] == family and r["ratio"] is not None]
         if ratios:
             by_family[family] = {"pair_traffics": len(ratios), "median_ratio": round(statistics.median(ratios), 3),
                                  "min_ratio": min(ratios), "max_ratio": max(ratios)}

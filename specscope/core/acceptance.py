@@ -136,20 +136,26 @@ def extended_rates(k: int, per_position: Sequence[float], a: float) -> list[floa
             for i in range(k)]
 
 
-def extension_check(accepted_per_pos: Sequence[int], drafts: int, draft_tokens_per_pos: Sequence[int] = ()) -> float:
-    """How the geometric extension held on the one position a run can check it on, at most 1.0: the last drafted
-    position's rate observed, over its rate extended from the positions before it as :func:`extended_rates` extends
-    (the one before's rate times their α). Positions past the drafted ones are extended with α times this: where the
-    run's own drafts fell off faster than geometrically (n-gram lookup's matches run out), so do the ones it did not
-    draft; never raised above the geometric line. 1.0 with fewer than two positions or none accepted before the
+def extended_last(accepted_per_pos: Sequence[int], drafts: int,
+                  draft_tokens_per_pos: Sequence[int] = ()) -> float | None:
+    """The last drafted position's unconditional rate as :func:`extended_rates` would extend it from the positions
+    before it: the one before's rate times their α. None with fewer than two positions or none accepted before the
     last."""
     k = len(accepted_per_pos)
     if k < 2 or not drafts or not accepted_per_pos[k - 2]:
-        return 1.0
+        return None
     a = alpha(accepted_per_pos[:k - 1], drafts, draft_tokens_per_pos[:k - 1])
-    if not a:
-        return 1.0
-    return min(1.0, accepted_per_pos[k - 1] / (accepted_per_pos[k - 2] * a))
+    return accepted_per_pos[k - 2] / drafts * a if a else None
+
+
+def extension_check(accepted_per_pos: Sequence[int], drafts: int, draft_tokens_per_pos: Sequence[int] = ()) -> float:
+    """How the geometric extension held on the one position a run can check it on, at most 1.0: the last drafted
+    position's rate observed over its rate extended (:func:`extended_last`). Positions past the drafted ones are
+    extended with α times this: where the run's own drafts fell off faster than geometrically (n-gram lookup's
+    matches run out), so do the ones it did not draft; never raised above the geometric line. 1.0 where there is
+    nothing to check."""
+    extended = extended_last(accepted_per_pos, drafts, draft_tokens_per_pos)
+    return min(1.0, accepted_per_pos[-1] / drafts / extended) if extended else 1.0
 
 
 def kept_share(k: int, per_position: Sequence[float], a: float, remaining: Sequence[int],
