@@ -21,10 +21,12 @@ Each K's engine ran minutes apart from the running K's, so the step ratio carrie
 Engine-free: it reads saved results.
 
     python benchmarks/k_curve.py    # writes benchmarks/results/k_curve.json
+    python benchmarks/k_curve.py --only truth_fresh_155631_ngram --name k_curve_checked    # some runs only
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -34,7 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import RESULTS, as_run_results, write
-from specscope.core import codec
+from specscope.core import acceptance, codec
 from specscope.verdict import estimate, scheduled_k
 
 
@@ -87,8 +89,27 @@ def summary(rows: list[dict[str, Any]], running_k: int = 4) -> dict[str, dict[st
 
 
 def main() -> None:
-    rows = [r for stem, doc in as_run_results("truth_fresh_*.json", "diag_*.json") for r in rows_of(stem, doc)]
-    write("k_curve", {"what": __doc__.splitlines()[0], "summary": summary(rows), "rows": rows})
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", metavar="STEM",
+                        help="read only these results files (e.g. truth_fresh_155631_ngram); default: every as-run "
+                             "fresh and diagnostic run")
+    parser.add_argument("--name", default="k_curve", help="the results file to write (default: k_curve)")
+    parser.add_argument("--without-extension-check", action="store_true",
+                        help="price as the verdict did before 2026-12-07: past the drafted positions geometric with "
+                             "α (written as a replay)")
+    args = parser.parse_args()
+    judged = "as-run"
+    if args.without_extension_check:
+        acceptance.extension_check = lambda *_, **__: 1.0
+        judged = "replay with acceptance.extension_check off"
+    runs = as_run_results("truth_fresh_*.json", "diag_*.json")
+    if args.only:
+        runs = [(stem, doc) for stem, doc in runs if stem in args.only]
+        if {stem for stem, _ in runs} != set(args.only):
+            sys.exit(f"k_curve: no as-run results for {sorted(set(args.only) - {stem for stem, _ in runs})}")
+    rows = [r for stem, doc in runs for r in rows_of(stem, doc)]
+    write(args.name, {"what": __doc__.splitlines()[0], "summary": summary(rows), "rows": rows,
+                      **({"only": args.only} if args.only else {})}, judged=judged)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,8 @@ FRESH = {"fresh": "truth_fresh_56479.json", "fresh2": "truth_fresh_282999.json",
          "fresh14": "truth_fresh_333557_draft1.json", "fresh15": "truth_fresh_62829_draft0.json",
          "fresh16": "truth_fresh_487058_draft0.json", "fresh17": "truth_fresh_885482_draft0.json",
          "fresh18": "truth_fresh_580813_eagle3.json", "fresh19": "truth_fresh_901603_ngram.json",
-         "fresh20": "truth_fresh_703433_draft1.json"}
+         "fresh20": "truth_fresh_703433_draft1.json", "fresh21": "truth_fresh_155631_ngram.json",
+         "fresh22": "truth_fresh_503517_eagle3.json"}
 DASH = "\u2013"  # the docs' range dash
 MARK = re.compile(r"<!-- fig ([\w.-]+) -->([^<]*)<!-- /fig -->")
 
@@ -424,13 +425,15 @@ FIGURES |= {f"holdout.{name}": ("acceptance_holdout.json", lambda d, family=fami
                                                         num(d, "by_family", family, "max_ratio"),
                                                         int(num(d, "by_family", family, "pair_traffics"))))
             for name, family in {"draft": "draft model", "eagle3": "EAGLE-3 head", "ngram": "n-gram lookup"}.items()}
-#: Each K's tokens a step and step cost, predicted beside its own engine's steps (``k_curve.json``): the median errors
-#: relative to the running K, below it, at 5-6 and at 7 and over.
-FIGURES |= {f"k_curve.{key}": ("k_curve.json", lambda d, group=group: "tokens {} ({} had a last step kept every "
-                               "token), step {}, over {} cells".format(
-                                   *(f"{num(d, 'summary', group, part):+.1%}" for part in ("tokens", "tokens_unkept",
-                                                                                          "step")),
-                                   int(num(d, "summary", group, "cells"))))
+#: Each K's tokens a step and step cost, predicted beside its own engine's steps (``k_curve.json``; the first n-gram
+#: run since the extension check, ``k_curve_checked.json``, and replayed with it off, ``k_curve_checked_without.json``):
+#: the median errors relative to the running K, below it, at 5-6 and at 7 and over.
+FIGURES |= {f"{name}.{key}": (f"{name}.json", lambda d, group=group: "tokens {} ({} had a last step kept every "
+                              "token), step {}, over {} cells".format(
+                                  *(f"{num(d, 'summary', group, part):+.1%}" for part in ("tokens", "tokens_unkept",
+                                                                                         "step")),
+                                  int(num(d, "summary", group, "cells"))))
+            for name in ("k_curve", "k_curve_checked", "k_curve_checked_without")
             for key, group in {"below": "below the running K", "near": "5-6", "far": "7 and over"}.items()}
 #: One K at one batch size served twice, by the advice's own engine and a fixed K's cell (``advice_noise.json``): how
 #: many pairs of the two measurements, how many more than 5% apart, and their ratio's quartiles.
