@@ -9,19 +9,23 @@ import pytest
 from specscope.core import acceptance as acc
 
 
-def simulate(alpha: float, k: int, drafts: int, seed: int = 0) -> tuple[list[int], int, int]:
-    """vLLM-style counts from drafts whose tokens are each accepted with probability alpha until a rejection."""
+def drafts_with(conditional: list[float], k: int, drafts: int, seed: int = 0) -> list[int]:
+    """Accepted-per-position counts of ``drafts`` K-long drafts whose position i is accepted with probability
+    ``conditional[i]`` once the ones before it were."""
     rng = random.Random(seed)
     per_pos = [0] * k
-    accepted = 0
     for _ in range(drafts):
-        n = 0
-        while n < k and rng.random() < alpha:
-            n += 1
-        for i in range(n):
+        for i in range(k):
+            if rng.random() >= conditional[i]:
+                break
             per_pos[i] += 1
-        accepted += n
-    return per_pos, accepted, drafts * k
+    return per_pos
+
+
+def simulate(alpha: float, k: int, drafts: int, seed: int = 0) -> tuple[list[int], int, int]:
+    """vLLM-style counts from drafts whose tokens are each accepted with probability alpha until a rejection."""
+    per_pos = drafts_with([alpha] * k, k, drafts, seed)
+    return per_pos, sum(per_pos), drafts * k
 
 
 @pytest.mark.parametrize("alpha", [0.05, 0.3, 0.6, 0.9])
@@ -86,19 +90,6 @@ def test_tokens_per_step_follows_observed_positions_and_extends_with_alpha() -> 
     assert acc.tokens_per_step(6, rates, 0.5) == pytest.approx(1 + sum(rates) + 0.1125 * (0.5 + 0.25))
     assert acc.tokens_per_step(0, rates, 0.5) == 1.0
     assert acc.tokens_per_step(4, rates, 0.6, draft_fraction=0.5) == pytest.approx(1 + sum(rates) / 2)
-
-
-def drafts_with(conditional: list[float], k: int, drafts: int, seed: int = 0) -> list[int]:
-    """Accepted-per-position counts of ``drafts`` K-long drafts whose position i is accepted with probability
-    ``conditional[i]`` once the ones before it were."""
-    rng = random.Random(seed)
-    per_pos = [0] * k
-    for _ in range(drafts):
-        for i in range(k):
-            if rng.random() >= conditional[i]:
-                break
-            per_pos[i] += 1
-    return per_pos
 
 
 def test_the_extension_past_the_drafted_positions_falls_off_as_the_runs_last_position_did() -> None:
